@@ -1,0 +1,1 @@
+"""Search: generators, the controller, the run store, statistics, the live report and the CLI."""

@@ -1,0 +1,1 @@
+"""Strategies: how prompts are made and how a verdict feeds the next round."""

@@ -1,0 +1,43 @@
+"""Shared test fixtures: paths to the real KernelBench data and helpers to write small task files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELBENCH_JSONL = Path(
+    os.environ.get("KERNELSEARCH_KERNELBENCH", ROOT.parent / "shared" / "kernelbench" / "kernelbench_levels1-3.jsonl")
+)
+
+
+@pytest.fixture
+def kernelbench_jsonl() -> Path:
+    if not KERNELBENCH_JSONL.exists():
+        pytest.skip(f"KernelBench data not found at {KERNELBENCH_JSONL}")
+    return KERNELBENCH_JSONL
+
+
+GOOD_TASK = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return torch.relu(x) * self.scale
+
+batch_size = 64
+dim = 1024
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+def get_init_inputs():
+    return [2.0]
+'''
