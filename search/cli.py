@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -88,6 +90,67 @@ def tasks_command(
     console.print(table)
     if result.errors:
         err_console.print(f"{len(result.errors)} task(s) skipped (reasons above)")
+
+
+@app.command("eval")
+def eval_command(
+    task_id: Annotated[str, typer.Argument(help="Task id, e.g. level1/19_ReLU or builtin/1_LeakyReLU_Scale.")],
+    candidate_file: Annotated[Path, typer.Argument(help="A module defining ModelNew, or a whole model completion.")],
+    source: opt.Source = "builtin",
+    level: opt.Level = None,
+    ids: opt.Ids = None,
+    tasks: opt.TaskIds = None,
+    max_input_mb: opt.MaxInputMb = None,
+    device: opt.Device = "auto",
+    backend: Annotated[str, typer.Option("--backend", help="auto, cuda, cpp, triton or torch.")] = "auto",
+    allow_torch: Annotated[bool, typer.Option("--allow-torch", help="Accept plain-PyTorch rewrites (spec rule 11 otherwise rejects them).")] = False,
+    as_json: opt.Json = False,
+) -> None:
+    """Build, verify and time one candidate kernel for one task, and print the verdict."""
+    from oracle import Oracle, OracleConfig
+    from oracle.candidate import BACKENDS
+
+    if backend != "auto" and backend not in BACKENDS:
+        fail(f"--backend must be auto or one of {', '.join(BACKENDS)}, not '{backend}'")
+    try:
+        text = candidate_file.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        fail(f"cannot read {candidate_file}: {exc.strerror}")
+    dev = resolve_device(device)
+    selected = ",".join(filter(None, [tasks, task_id]))
+    result = select_tasks(source, level, ids, selected, max_input_mb, dev)
+    task = next((t for t in result.tasks if t.id == task_id), None)
+    if task is None:
+        fail(f"task {task_id} is not in {source} (see `kernelsearch tasks --source {source}`)")
+    oracle = Oracle(OracleConfig(device=dev, allow_torch=allow_torch))
+    with err_console.status(f"evaluating {candidate_file.name} on {task_id} ({dev})...", spinner="dots"):
+        verdict = oracle.evaluate(task, text, backend)
+    if as_json:
+        print(json.dumps(verdict.to_json()))
+        return
+    print_verdict(verdict)
+
+
+STATUS_STYLE = {"correct": "bold green", "incorrect": "bold red", "compile_error": "bold magenta",
+                "runtime_error": "bold red", "timeout": "bold yellow", "rejected": "bold yellow", "no_code": "dim"}
+
+
+def print_verdict(v) -> None:
+    """A verdict for people: status, the feedback message, and the timings that exist."""
+    console.print(f"[{STATUS_STYLE.get(v.status, 'bold')}]{v.status}[/]  {v.task}  backend={v.backend}  hash={v.hash}",
+                  highlight=False)
+    console.print(v.message, highlight=False, markup=False)
+    table = Table(show_header=False, box=None)
+    rows = [("build", v.build_s, "s", " (cached)" if v.build_cached else ""), ("verify", v.verify_s, "s", ""),
+            ("candidate", v.time_ms, "ms", ""), ("eager PyTorch", v.eager_ms, "ms", ""),
+            ("torch.compile", v.compile_ms, "ms", ""), ("speedup vs eager", v.speedup_vs_eager, "x", ""),
+            ("speedup vs compile", v.speedup_vs_compile, "x", "")]
+    for name, value, unit, note in rows:
+        if value is not None:
+            table.add_row(name, f"{value:.4g} {unit}{note}")
+    if v.flags:
+        table.add_row("flags", ", ".join(v.flags))
+    console.print(table)
 
 
 def main() -> None:  # pragma: no cover - console-script entry for `python -m search.cli`

@@ -1,0 +1,404 @@
+"""The oracle: extract, build, check and time one candidate against a task, and give the verdict.
+
+The work is split the way the search schedules it: `build` needs only CPU (a build slot), `check_and_time`
+needs the device (the timing slot). `evaluate` does both in turn. Reference outputs and baseline timings
+are computed by trusted code in a worker of their own, held in this process's memory (outputs) and
+cached on disk (timings, per task, device and torch version).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from oracle import harness
+from oracle.build import build_key, cache_root
+from oracle.candidate import Candidate
+from oracle.compare import compare
+from oracle.extract import extract
+from oracle.sandbox import PhaseTimeout, Worker, WorkerDied, WorkerOutcome, run_to_result
+from oracle.timing import TimingParams
+from oracle.verdict import Verdict
+from tasks.fitting import shrink_once
+from tasks.model import Task
+
+# Operators that move or shape data but compute nothing: calling them is not a fallback (rule 11).
+NON_COMPUTE_OPS = {
+    f"aten::{n}" for n in (
+        "empty empty_like empty_strided zeros zeros_like ones ones_like full full_like to _to_copy copy_ "
+        "contiguous clone detach view reshape _reshape_alias _unsafe_view as_strided expand permute transpose t "
+        "unsqueeze squeeze flatten select slice narrow split chunk unbind resize_ lift_fresh alias item "
+        "_local_scalar_dense is_nonzero result_type new_empty new_zeros fill_ zero_ set_ stride size numel "
+        "dropout feature_dropout lift lift_fresh_copy"
+    ).split()
+}
+
+
+@dataclass
+class OracleConfig:
+    device: str = "cpu"
+    allow_torch: bool = False  # accept plain-PyTorch rewrites (studies of PyTorch-level rewrites)
+    check_seeds: tuple[int, ...] = (11, 12, 13, 14, 15)  # rule 8: at least 5 fresh seeds at the task's size
+    extra_size_seed: int = 21  # and one at a smaller size, where the task allows it
+    timing_seeds: tuple[int, ...] = (101, 102, 103, 104)  # the rotating input sets
+    init_seed: int = 42
+    timing: TimingParams = field(default_factory=TimingParams)
+    compile_baseline: bool | None = None  # None: on cuda only (torch.compile on a CPU takes minutes a task)
+    build_timeout_s: float = 900.0
+    import_timeout_s: float = 300.0
+    call_timeout_s: float = 60.0
+    time_timeout_s: float = 300.0
+    compile_timeout_s: float = 600.0
+    cache_dir: Path | None = None
+    threads: int | None = None  # torch threads in workers
+
+    @property
+    def wants_compile(self) -> bool:
+        return self.device == "cuda" if self.compile_baseline is None else self.compile_baseline
+
+
+@dataclass
+class BuildOutcome:
+    key: str
+    key_dir: Path
+    ok: bool
+    cached: bool
+    build_s: float
+    status: str | None = None  # a final verdict status when the build decided it (compile_error, timeout)
+    message: str = ""
+
+
+@dataclass
+class Reference:
+    outputs: list[list[torch.Tensor | None]]  # per check case
+    ops: list[str]
+    eager: dict[str, Any] | None
+    compile: dict[str, Any] | None
+    compile_error: str | None = None
+    codes: list[str] = field(default_factory=list)
+
+    @property
+    def constant(self) -> bool:
+        """Every check's reference output is one repeated value: the check cannot tell much apart."""
+        return all(t is None or t.numel() < 2 or bool((t == t.flatten()[0]).all()) for outs in self.outputs for t in outs)
+
+
+def gpu_arch() -> str | None:
+    """The first GPU's compute capability as TORCH_CUDA_ARCH_LIST wants it ("9.0"), read by nvidia-smi."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap,name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        return out.splitlines()[0].split(",")[0].strip()
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def gpu_name() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        return out.splitlines()[0].strip()
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown-gpu"
+
+
+class Oracle:
+    """Evaluates candidates for tasks on one device. Thread-safe: builds may run beside a timing call."""
+
+    def __init__(self, config: OracleConfig | None = None) -> None:
+        self.config = config or OracleConfig()
+        self.gpu_arch = gpu_arch() if self.config.device == "cuda" else None
+        self.device_name = gpu_name() if self.config.device == "cuda" else "cpu"
+        self.builds = cache_root(self.config.cache_dir)
+        self.baselines = self.builds.parent / "baselines"
+        self.baselines.mkdir(parents=True, exist_ok=True)
+        self._references: OrderedDict[str, Reference] = OrderedDict()
+        self._ref_lock = threading.Lock()
+
+    # ------------------------------------------------------------ the whole way
+
+    def evaluate(self, task: Task, text: str, backend: str = "auto") -> Verdict:
+        candidate = self.extract(task, text, backend)
+        if isinstance(candidate, Verdict):
+            return candidate
+        build = self.build(candidate)
+        return self.check_and_time(task, candidate, build)
+
+    def extract(self, task: Task, text: str, backend: str = "auto") -> Candidate | Verdict:
+        found = extract(text, backend)
+        if found.source is None:
+            return self._verdict(task, "no_code", found.reason)
+        return Candidate.make(task.id, found.source, found.backend or "torch")
+
+    # ------------------------------------------------------------ build slot
+
+    def build(self, candidate: Candidate) -> BuildOutcome:
+        """Compile the candidate's extensions into the cache (CPU only); nothing of it runs on the device."""
+        key = build_key(candidate.source, candidate.backend, self.gpu_arch)
+        key_dir = self.builds / "candidates" / key
+        ok_file, failed_file = key_dir / "ok.json", key_dir / "failed.json"
+        if ok_file.exists():
+            return BuildOutcome(key, key_dir, True, True, 0.0)
+        if failed_file.exists():
+            data = json.loads(failed_file.read_text())
+            return BuildOutcome(key, key_dir, False, True, 0.0, "compile_error", data["message"])
+        reason = self._unsupported(candidate)
+        if reason:
+            return BuildOutcome(key, key_dir, False, False, 0.0, "rejected", reason)
+        if candidate.backend not in ("cuda", "cpp"):
+            return BuildOutcome(key, key_dir, True, False, 0.0)  # nothing to compile ahead of the run
+        key_dir.mkdir(parents=True, exist_ok=True)
+        job = {"cache": str(self.builds), "gpu_arch": self.gpu_arch, "candidate_path": "candidate.py",
+               "backend": candidate.backend, "build_timeout_s": self.config.build_timeout_s}
+        # CUDA hidden: a build slot compiles only, the GPU stays with the timing slot.
+        worker = Worker(harness.build_entry, job, {"candidate.py": candidate.source}, env={"CUDA_VISIBLE_DEVICES": ""})
+        outcome = run_to_result(worker)
+        if outcome.timed_out_phase:
+            return BuildOutcome(key, key_dir, False, False, outcome.elapsed_s, "timeout",
+                                f"building took longer than {self.config.build_timeout_s:.0f} s")
+        if outcome.result is None:
+            return BuildOutcome(key, key_dir, False, False, outcome.elapsed_s, "runtime_error",
+                                f"the build worker {outcome.crashed}: {_last_line(outcome.stderr_tail)}")
+        r = outcome.result
+        if r["error_kind"] == "compile":
+            failed_file.write_text(json.dumps({"message": r["message"], "build_s": r["build_s"]}))
+            return BuildOutcome(key, key_dir, False, False, r["build_s"], "compile_error", r["message"])
+        if r["error_kind"] is None:
+            ok_file.write_text(json.dumps({"build_s": r["build_s"], "extensions": r["extensions"]}))
+        # An import error that is not the compiler's is left to the run, which imports with the device present.
+        return BuildOutcome(key, key_dir, True, not r["compiled"], r["build_s"])
+
+    def _unsupported(self, candidate: Candidate) -> str | None:
+        if candidate.backend == "torch" and not self.config.allow_torch:
+            return ("the code only uses PyTorch operators: write a custom kernel (CUDA through load_inline, "
+                    "or Triton); plain PyTorch rewrites are accepted only with --allow-torch")
+        if candidate.backend == "cuda" and self.config.device != "cuda":
+            return "this oracle runs on the CPU: CUDA candidates need a GPU oracle (--device cuda)"
+        if candidate.backend == "triton" and self.config.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            try:
+                import triton  # noqa: F401
+            except ImportError:
+                return "Triton is not installed here: triton candidates cannot run"
+        return None
+
+    # ------------------------------------------------------------ timing slot
+
+    def check_and_time(self, task: Task, candidate: Candidate, build: BuildOutcome) -> Verdict:
+        base = dict(backend=candidate.backend, hash=candidate.hash, build_s=build.build_s, build_cached=build.cached)
+        if build.status:
+            return self._verdict(task, build.status, build.message, **base)
+        try:
+            reference = self.reference(task)
+        except ReferenceError as exc:
+            return self._verdict(task, "runtime_error", f"the reference failed, not the candidate: {exc}", **base)
+        job = self._job(task, reference, candidate, build)
+        files = {"candidate.py": candidate.source}
+        t0 = time.perf_counter()
+        worker = Worker(harness.candidate_entry, job, files)
+        try:
+            checked = self._drive_checks(task, worker, reference, candidate, base)
+            if isinstance(checked, Verdict):
+                return checked
+            verify_s = time.perf_counter() - t0
+            worker.send(cmd="time")
+            outcome = run_to_result(worker)
+        finally:
+            worker.close()
+        if outcome.timed_out_phase or outcome.result is None or outcome.result.get("status") != "timed":
+            return self._failed_run(task, outcome, base, verify_s=verify_s)
+        timing = outcome.result["timing"]
+        return self._scored(task, timing, reference, base, checked["flags"], verify_s, outcome.elapsed_s)
+
+    def _drive_checks(self, task: Task, worker: Worker, reference: Reference, candidate: Candidate, base: dict) -> dict | Verdict:
+        """Run the checks; return the worker's `checked` report, or the verdict that ends the evaluation."""
+        try:
+            for message in worker.messages():
+                if "result" in message:  # the worker stopped early: an error, a rejection
+                    r = message["result"]
+                    return self._verdict(task, r.get("status", "runtime_error"), r.get("message", ""), **base)
+                if "checked" in message:
+                    checked = message["checked"]
+                    break
+            else:  # pragma: no cover - messages() never ends without a result or an exception
+                return self._verdict(task, "runtime_error", "the worker ended early", **base)
+        except PhaseTimeout as exc:
+            return self._verdict(task, "timeout", f"{exc} took longer than its limit (infinite loop or a hang?)", **base)
+        except WorkerDied as exc:
+            return self._verdict(task, "runtime_error", f"the candidate's process {exc}: {_last_line(worker.stderr_tail())}", **base)
+
+        wrong = self._compare_outputs(worker.dir, reference)
+        if wrong:
+            return self._verdict(task, "incorrect", wrong, **base)
+        own = self._own_kernel_problem(candidate, checked, reference)
+        if own:
+            return self._verdict(task, "rejected", own, **base)
+        return checked
+
+    def _compare_outputs(self, job_dir: Path, reference: Reference) -> str | None:
+        for i, ref_outs in enumerate(reference.outputs):
+            try:
+                outs = torch.load(job_dir / f"out_{i}.pt", weights_only=True)
+            except Exception as exc:  # noqa: BLE001 - anything but plain tensors is refused by weights_only
+                return f"the outputs of check {i} could not be read as plain tensors ({type(exc).__name__})"
+            if len(outs) != len(ref_outs):
+                return f"forward returned {len(outs)} output(s), expected {len(ref_outs)}"
+            size_note = " (at the second, smaller size)" if i >= len(reference.outputs) - 1 and len(reference.codes) > 1 else ""
+            for j, (out, ref) in enumerate(zip(outs, ref_outs)):
+                label = f"output {j}" if len(ref_outs) > 1 else "output"
+                result = compare(out, ref, label)
+                if not result.ok:
+                    return f"check {i + 1} of {len(reference.outputs)}{size_note}: {result.message}"
+        after = job_dir / "out_0_after.pt"
+        if after.exists():
+            before = torch.load(job_dir / "out_0.pt", weights_only=True)
+            later = torch.load(after, weights_only=True)
+            if any(not torch.equal(a.nan_to_num(0), b.nan_to_num(0)) for a, b in zip(before, later) if a is not None and b is not None):
+                return "a later call changed the tensor returned by an earlier call (reused output buffer); allocate a new output each call"
+        return None
+
+    def _own_kernel_problem(self, candidate: Candidate, checked: dict, reference: Reference) -> str | None:
+        """Rule 11: the candidate ran code of its own, and did not just call the operators it replaces."""
+        if candidate.backend == "torch":
+            return None  # only reachable with --allow-torch
+        if checked["own_calls"] == 0:
+            return "the custom kernel was never called: forward must call the compiled extension (or Triton kernel)"
+        if candidate.backend == "cuda":
+            names = set(re.findall(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\([^)]*\)\s+)?(?:void\s+)?(\w+)", candidate.source))
+            if names and not any(n in k for k in checked["kernels"] for n in names):
+                return ("none of the candidate's __global__ kernels ran on the GPU "
+                        f"({', '.join(sorted(names))}); its extension only called PyTorch operators")
+        replaced = {op for op in reference.ops if op not in NON_COMPUTE_OPS}
+        if replaced and replaced <= set(checked["ops"]):
+            return ("the candidate still calls every PyTorch operator of the reference "
+                    f"({', '.join(sorted(replaced))}): replace them with the custom kernel, do not fall back to PyTorch")
+        return None
+
+    def _failed_run(self, task: Task, outcome: WorkerOutcome, base: dict, verify_s: float) -> Verdict:
+        if outcome.timed_out_phase:
+            return self._verdict(task, "timeout", f"{outcome.timed_out_phase} took longer than its limit", verify_s=verify_s, **base)
+        if outcome.result is None:
+            return self._verdict(task, "runtime_error", f"the candidate's process {outcome.crashed} while being timed: "
+                                 f"{_last_line(outcome.stderr_tail)}", verify_s=verify_s, **base)
+        r = outcome.result
+        return self._verdict(task, r.get("status", "runtime_error"), r.get("message", "timing failed"), verify_s=verify_s, **base)
+
+    def _scored(self, task: Task, timing: dict, reference: Reference, base: dict, flags: list[str], verify_s: float, time_s: float) -> Verdict:
+        flags = list(flags)
+        if reference.constant:
+            flags.append("constant_reference")  # e.g. a ReLU after a negative shift: zeros pass
+        time_ms = timing["median_ms"]
+        eager = reference.eager or {}
+        # Rule 14: events that miss work (side streams, threads) show as a wall clock far above them.
+        ratio = timing["wall_ms"] / time_ms if time_ms > 0 else float("inf")
+        eager_ratio = eager.get("wall_ms", 0) / eager["median_ms"] if eager.get("median_ms") else 1.0
+        if ratio > max(1.5, 1.5 * eager_ratio) and timing["wall_ms"] - time_ms > 0.05:
+            flags.append("wall_clock_disagrees")
+            time_ms = timing["wall_ms"]
+        eager_ms = eager.get("median_ms")
+        compile_ms = (reference.compile or {}).get("median_ms")
+        timing_info = {"candidate": timing, "eager": reference.eager, "compile": reference.compile}
+        if reference.compile_error:
+            timing_info["compile_error"] = reference.compile_error
+        speed = f"{time_ms:.4g} ms"
+        sp_e = eager_ms / time_ms if eager_ms and time_ms > 0 else None
+        sp_c = compile_ms / time_ms if compile_ms and time_ms > 0 else None
+        if sp_e:
+            speed += f", {sp_e:.2f}x eager PyTorch ({eager_ms:.4g} ms)"
+        if sp_c:
+            speed += f", {sp_c:.2f}x torch.compile ({compile_ms:.4g} ms)"
+        return self._verdict(task, "correct", f"correct; {speed}", time_ms=time_ms, eager_ms=eager_ms, compile_ms=compile_ms,
+                             speedup_vs_eager=sp_e, speedup_vs_compile=sp_c, verify_s=verify_s, time_s=time_s,
+                             flags=flags, timing=timing_info, **base)
+
+    # ------------------------------------------------------------ reference and baselines
+
+    def reference(self, task: Task) -> Reference:
+        """Reference outputs (memory) and baseline timings (disk cache) for a task on this device."""
+        key = hashlib.sha256(f"{task.code}\0{self.config.device}\0{self.config.check_seeds}".encode()).hexdigest()[:20]
+        with self._ref_lock:
+            if key in self._references:
+                self._references.move_to_end(key)
+                return self._references[key]
+            reference = self._compute_reference(task, key)
+            self._references[key] = reference
+            while len(self._references) > 8:
+                self._references.popitem(last=False)
+            return reference
+
+    def _compute_reference(self, task: Task, key: str) -> Reference:
+        codes = [task.code]
+        smaller = shrink_once(task.code, task.id)
+        if smaller:
+            codes.append(smaller)
+        baseline_file = self.baselines / f"{key}-{_slug(self.device_name)}-torch{torch.__version__}.json"
+        cached = json.loads(baseline_file.read_text()) if baseline_file.exists() else None
+        job = {
+            "device": self.config.device, "task_id": task.id, "codes": codes, "init_seed": self.config.init_seed,
+            "cases": _cases(self.config, len(codes)), "timing_seeds": list(self.config.timing_seeds),
+            "timing": self.config.timing.__dict__, "time": cached is None, "compile": self.config.wants_compile,
+            "call_timeout_s": self.config.call_timeout_s * 5, "time_timeout_s": self.config.time_timeout_s,
+            "compile_timeout_s": self.config.compile_timeout_s, "threads": self.config.threads,
+        }
+        worker = Worker(harness.reference_entry, job)
+        keep = worker.dir
+        outcome = run_to_result(worker, close=False)
+        try:
+            if outcome.timed_out_phase:
+                raise ReferenceError(f"{outcome.timed_out_phase} took too long")
+            if outcome.result is None:
+                raise ReferenceError(f"the reference worker {outcome.crashed}: {_last_line(outcome.stderr_tail)}")
+            r = outcome.result
+            if "error" in r:
+                raise ReferenceError(r["error"])
+            outputs = [torch.load(keep / f"ref_{i}.pt", weights_only=True) for i in range(len(job["cases"]))]
+        finally:
+            worker.close()
+        if cached is None:
+            cached = {"eager": r.get("eager"), "compile": r.get("compile"), "compile_error": r.get("compile_error"),
+                      "device": self.device_name, "torch": torch.__version__, "task": task.id}
+            baseline_file.write_text(json.dumps(cached))
+        return Reference(outputs, r["ops"], cached["eager"], cached.get("compile"), cached.get("compile_error"), codes)
+
+    def _job(self, task: Task, reference: Reference, candidate: Candidate, build: BuildOutcome) -> dict[str, Any]:
+        c = self.config
+        return {
+            "device": c.device, "task_id": task.id, "codes": reference.codes, "init_seed": c.init_seed,
+            "cases": _cases(c, len(reference.codes)), "timing_seeds": list(c.timing_seeds), "timing": c.timing.__dict__,
+            "cache": str(self.builds), "gpu_arch": self.gpu_arch, "candidate_path": "candidate.py",
+            "backend": candidate.backend, "import_timeout_s": c.import_timeout_s, "call_timeout_s": c.call_timeout_s,
+            "time_timeout_s": c.time_timeout_s, "threads": c.threads,
+        }
+
+    def _verdict(self, task: Task, status: str, message: str, **fields: Any) -> Verdict:
+        return Verdict(task=task.id, status=status, message=message, device=self.config.device, sizes=dict(task.sizes), **fields)
+
+
+class ReferenceError(Exception):
+    """The task's own reference could not be computed on this device."""
+
+
+def _cases(config: OracleConfig, n_codes: int) -> list[dict[str, int]]:
+    cases = [{"code": 0, "seed": s} for s in config.check_seeds]
+    if n_codes > 1:
+        cases.append({"code": 1, "seed": config.extra_size_seed})
+    return cases
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")

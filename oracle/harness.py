@@ -1,0 +1,325 @@
+"""What runs inside a worker process: build, check and time a candidate, or compute a reference.
+
+Each entry point is started in a fresh process forked from a server that has imported torch but not
+touched CUDA (see `oracle.sandbox`). The candidate's outputs are written as tensor files for the trusted
+side to compare; expected outputs never exist in a candidate's process (spec rule 2). A reference worker
+runs only the task's own code, never a candidate's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import resource
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from oracle import timing  # binds the clock and CUDA functions before any candidate code runs
+from oracle.build import BuildFailed, BuildRecord, install_build_hooks
+from oracle.protocol import receive, send
+from tasks.runtime import TaskModule, exec_task_code, one_line, tensors_in
+
+MAX_FILE_BYTES = 8 * 1024**3  # a worker that prints or writes more than this is killed (SIGXFSZ)
+POISON_MAX_BYTES = 2 * 1024**3
+
+
+def _enter_worker(job_dir: Path) -> dict[str, Any]:
+    """Own process group, private folder, output to files, file-size limit; returns the job."""
+    os.setsid()
+    os.chdir(job_dir)
+    os.environ["TMPDIR"] = str(job_dir)
+    for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
+        f = os.open(job_dir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(f, fd)
+        os.close(f)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    job = json.loads((job_dir / "job.json").read_text())
+    torch.set_num_threads(job.get("threads") or torch.get_num_threads())
+    return job
+
+
+def _device_setup(device: str) -> None:
+    # Full fp32 on both sides: with TF32, a library conv and an exact fp32 kernel differ by ~1e-3.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if device == "cuda":
+        torch.cuda.set_device(0)
+        torch.cuda.init()
+
+
+# ---------------------------------------------------------------- build
+
+
+def build_entry(conn: Connection, job_dir: str) -> None:
+    """Import the candidate with CUDA hidden: this compiles its extensions into the cache, nothing runs."""
+    job = _enter_worker(Path(job_dir))
+    record = BuildRecord()
+    install_build_hooks(Path(job["cache"]), job.get("gpu_arch"), record)
+    send(conn, phase="build", deadline_s=job["build_timeout_s"])
+    error_kind, message = None, ""
+    try:
+        _import_candidate(job["candidate_path"], job.get("backend"))
+    except BuildFailed as exc:
+        error_kind, message = "compile", str(exc)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit too: the candidate's import is foreign code
+        error_kind, message = "import", one_line(exc)
+    send(conn, result={"extensions": record.extensions, "build_s": record.build_s, "compiled": record.compiled,
+                       "error_kind": error_kind, "message": message})
+
+
+def _import_candidate(path: str, backend: str | None) -> Any:
+    if backend == "triton":
+        _install_triton_counter()
+    spec = importlib.util.spec_from_file_location("kernelsearch_candidate", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kernelsearch_candidate"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+TRITON_LAUNCHES = {"count": 0}
+
+
+def _install_triton_counter() -> None:
+    """Count Triton kernel launches (compiled or interpreted), for the own-kernel check."""
+    try:
+        import triton.runtime.jit as jit
+    except Exception:  # noqa: BLE001 - no triton: nothing to count
+        return
+    classes = [jit.JITFunction]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    except Exception:  # noqa: BLE001
+        pass
+    for cls in classes:
+        original = cls.run
+
+        def run(self, *args, __original=original, **kwargs):
+            TRITON_LAUNCHES["count"] += 1
+            return __original(self, *args, **kwargs)
+
+        cls.run = run
+
+
+# ---------------------------------------------------------------- shared by candidate and reference
+
+
+def _seeded_inputs(module: TaskModule, seed: int, device: str) -> list[Any]:
+    torch.manual_seed(seed)
+    inputs = module.get_inputs()
+    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def _reference_model(module: TaskModule, init_seed: int, device: str) -> torch.nn.Module:
+    torch.manual_seed(init_seed)
+    return module.make_model().to(device)
+
+
+def _flat_outputs(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _save_outputs(outputs: list[Any], path: Path) -> None:
+    torch.save([t.detach().to("cpu").contiguous() if isinstance(t, torch.Tensor) else None for t in outputs], path)
+
+
+def _profile_call(fn, inputs: list[Any], device: str) -> tuple[list[str], list[str]]:
+    """Operator names (`aten::relu`) and GPU kernel names seen during one call.
+
+    Operators are caught at the dispatcher, so calls made from inside a C++ extension count too.
+    Kernel names come from the profiler, which is slow to start, so only on a GPU.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops: set[str] = set()
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.add("aten::" + func.__name__.split(".")[0]) if func.namespace == "aten" else ops.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Recorder():
+        fn(*inputs)
+    timing.sync(device)
+    kernels: set[str] = set()
+    if device == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn(*inputs)
+            timing.sync(device)
+        kernels = {e.name for e in prof.events() if "cuda" in str(getattr(e, "device_type", "")).lower()}
+    return sorted(ops), sorted(kernels)
+
+
+# ---------------------------------------------------------------- reference (trusted code only)
+
+
+def reference_entry(conn: Connection, job_dir: str) -> None:
+    job = _enter_worker(Path(job_dir))
+    device = job["device"]
+    try:
+        _device_setup(device)
+        result = _run_reference(conn, job, Path(job_dir))
+    except BaseException as exc:  # noqa: BLE001 - report, the oracle decides
+        result = {"error": one_line(exc), "traceback": traceback.format_exc()[-2000:]}
+    send(conn, result=result)
+
+
+def _run_reference(conn: Connection, job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
+    device = job["device"]
+    modules = [exec_task_code(code, job["task_id"]) for code in job["codes"]]
+    models = [_reference_model(m, job["init_seed"], device) for m in modules]
+    with torch.no_grad():
+        for i, case in enumerate(job["cases"]):
+            send(conn, phase=f"reference call {i}", deadline_s=job["call_timeout_s"])
+            out = models[case["code"]](*_seeded_inputs(modules[case["code"]], case["seed"], device))
+            timing.sync(device)
+            _save_outputs(_flat_outputs(out), job_dir / f"ref_{i}.pt")
+        inputs0 = _seeded_inputs(modules[0], job["cases"][0]["seed"], device)
+        ops, kernels = _profile_call(models[0], inputs0, device)
+        result: dict[str, Any] = {"ops": ops, "kernels": kernels}
+        if job.get("time"):
+            sets = [_seeded_inputs(modules[0], s, device) for s in job["timing_seeds"]]
+            params = timing.TimingParams(**job["timing"])
+            send(conn, phase="timing eager", deadline_s=job["time_timeout_s"])
+            result["eager"] = timing.time_calls(models[0], sets, device, params).to_json()
+            if job.get("compile"):
+                send(conn, phase="timing torch.compile", deadline_s=job["compile_timeout_s"])
+                try:
+                    compiled = torch.compile(models[0])
+                    result["compile"] = timing.time_calls(compiled, sets, device, params).to_json()
+                except Exception as exc:  # noqa: BLE001 - a task torch.compile cannot handle
+                    result["compile_error"] = one_line(exc)
+    return result
+
+
+# ---------------------------------------------------------------- candidate (untrusted)
+
+
+def candidate_entry(conn: Connection, job_dir: str) -> None:
+    job = _enter_worker(Path(job_dir))
+    try:
+        _device_setup(job["device"])
+        result = _run_candidate(conn, job, Path(job_dir))
+    except BuildFailed as exc:
+        result = {"status": "compile_error", "message": str(exc)}
+    except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt included
+        result = {"status": "runtime_error", "message": _exception_message(exc)}
+    send(conn, result=result)
+
+
+def _exception_message(exc: BaseException) -> str:
+    text = one_line(exc)
+    if "CUDA" in text or "cuda" in text:
+        text += " (CUDA error: the kernel faulted; check indexing and bounds)"
+    return text
+
+
+def _poison_allocator(nbytes: int, device: str) -> None:
+    """Fill memory the caching allocator will hand out next with NaN, so unwritten outputs show (rule 10)."""
+    if device != "cuda" or nbytes <= 0:
+        return
+    n = min(POISON_MAX_BYTES, nbytes) // 4
+    block = torch.empty(n, dtype=torch.float32, device="cuda")
+    block.fill_(float("nan"))
+    del block
+
+
+def _storage_span(t: torch.Tensor) -> tuple[int, int]:
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+def _aliases(outputs: list[Any], others: list[torch.Tensor]) -> bool:
+    spans = [_storage_span(t) for t in others if t.numel()]
+    for out in outputs:
+        if isinstance(out, torch.Tensor) and out.numel():
+            lo, hi = _storage_span(out)
+            if any(lo < b and a < hi for a, b in spans):
+                return True
+    return False
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool(torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)) if a.is_floating_point() else torch.equal(a, b))
+
+
+def _run_candidate(conn: Connection, job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
+    device = job["device"]
+    record = BuildRecord()
+    install_build_hooks(Path(job["cache"]), job.get("gpu_arch"), record)
+    send(conn, phase="import", deadline_s=job["import_timeout_s"])
+    module = _import_candidate(job["candidate_path"], job.get("backend"))
+    model_cls = getattr(module, "ModelNew", None)
+    if not isinstance(model_cls, type) or not issubclass(model_cls, torch.nn.Module):
+        return {"status": "runtime_error", "message": "the module defines no ModelNew(nn.Module) class"}
+
+    modules = [exec_task_code(code, job["task_id"]) for code in job["codes"]]
+    models: list[torch.nn.Module] = []
+    for m in modules:
+        reference_state = _reference_model(m, job["init_seed"], "cpu").state_dict()
+        torch.manual_seed(job["init_seed"])
+        candidate = model_cls(*m.get_init_inputs())
+        own = candidate.state_dict()
+        matching = {k: v for k, v in reference_state.items() if k in own and own[k].shape == v.shape}
+        candidate.load_state_dict(matching, strict=False)
+        models.append(candidate.to(device))
+    param_snapshots = [[p.detach().clone() for p in m.state_dict().values()] for m in models]
+
+    flags: list[str] = []
+    first_outputs: list[Any] | None = None
+    calls_before = sum(record.calls.values()) + TRITON_LAUNCHES["count"]
+    with torch.no_grad():
+        for i, case in enumerate(job["cases"]):
+            inputs = _seeded_inputs(modules[case["code"]], case["seed"], device)
+            in_tensors = tensors_in(inputs)
+            snapshots = [t.detach().clone() for t in in_tensors]
+            _poison_allocator(4 * sum(t.numel() * t.element_size() for t in in_tensors), device)
+            send(conn, phase=f"call {i}", deadline_s=job["call_timeout_s"])
+            out = models[case["code"]](*inputs)
+            timing.sync(device)
+            outputs = _flat_outputs(out)
+            bad = [type(t).__name__ for t in outputs if type(t) is not torch.Tensor]
+            if bad:
+                return {"status": "rejected", "message": f"forward returned {', '.join(bad)}, expected plain torch.Tensor output(s)"}
+            if any(t.device.type != torch.device(device).type for t in outputs):
+                return {"status": "incorrect", "message": f"output is on {outputs[0].device}, expected {device}"}
+            params = [p for m in models for p in m.state_dict().values()]
+            if _aliases(outputs, in_tensors + params):
+                return {"status": "rejected", "message": "the output shares memory with an input or a parameter; return a new tensor"}
+            if not all(_same(a, b) for a, b in zip(in_tensors, snapshots)):
+                return {"status": "rejected", "message": "forward modified its input tensors in place; inputs must stay unchanged"}
+            _save_outputs(outputs, job_dir / f"out_{i}.pt")
+            if i == 0:
+                first_outputs = outputs
+            elif i == 1 and first_outputs is not None:
+                _save_outputs(first_outputs, job_dir / "out_0_after.pt")  # compared by the trusted side
+            send(conn, phase=f"call {i} done", deadline_s=job["call_timeout_s"])
+        own_calls = sum(record.calls.values()) + TRITON_LAUNCHES["count"] - calls_before
+        for m, snaps in zip(models, param_snapshots):
+            if not all(_same(a, b) for a, b in zip(m.state_dict().values(), snaps)):
+                return {"status": "rejected", "message": "forward modified the model's parameters or buffers"}
+        case0 = job["cases"][0]
+        inputs0 = _seeded_inputs(modules[case0["code"]], case0["seed"], device)
+        ops, kernels = _profile_call(models[case0["code"]], inputs0, device)
+
+        send(conn, checked={"own_calls": own_calls, "ops": ops, "kernels": kernels, "extensions": record.extensions,
+                            "compiled_now": record.compiled, "flags": flags})
+        command = receive(conn)
+        if command.get("cmd") != "time":
+            return {"status": "checked"}
+        sets = [_seeded_inputs(modules[0], s, device) for s in job["timing_seeds"]]
+        send(conn, phase="timing", deadline_s=job["time_timeout_s"])
+        result = timing.time_calls(models[0], sets, device, timing.TimingParams(**job["timing"]))
+    return {"status": "timed", "timing": result.to_json()}

@@ -1,0 +1,213 @@
+"""Run a harness entry point in a fresh worker process with phase watchdogs (oracle spec rules 1, 3, 4).
+
+Workers are forked from a multiprocessing fork server that has imported torch (about 2 s a process
+otherwise) but never touched CUDA, so each candidate still gets a clean process and CUDA context.
+Each worker starts its own process group; when a phase overruns its deadline, the worker dies, or the
+evaluation ends, the whole group is killed, compiler and stray children included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import multiprocessing.spawn as mp_spawn
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from oracle.protocol import receive, send
+
+ENV_ALLOWED = (
+    "PATH", "HOME", "LANG", "LC_ALL", "TERM", "USER", "LOGNAME", "SHELL", "PYTHONPATH", "VIRTUAL_ENV",
+    "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH",
+    "CC", "CXX", "TORCH_EXTENSIONS_DIR", "TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "OMP_NUM_THREADS",
+    "TRITON_INTERPRET", "TRITON_CACHE_DIR", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "NVSHMEM_DISABLE_NVLS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "KERNELSEARCH_CACHE",
+)
+
+_context_lock = threading.Lock()
+_start_lock = threading.Lock()
+_context: Any = None
+
+
+def _worker_context() -> Any:
+    """The fork-server context, started once per process with torch and the harness preloaded."""
+    global _context
+    with _context_lock:
+        if _context is None:
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(["torch", "oracle.harness"])
+            _context = ctx
+        return _context
+
+
+@contextlib.contextmanager
+def _without_main_module() -> Iterator[None]:
+    """Start workers without re-running the caller's `__main__` in them (multiprocessing would, for a
+    script or a stdin program): they need only `oracle.harness`, and a script's top level is not theirs."""
+    original = mp_spawn.get_preparation_data
+
+    def preparation_data(name: str) -> dict[str, Any]:
+        data = original(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    with _start_lock:
+        mp_spawn.get_preparation_data = preparation_data
+        try:
+            yield
+        finally:
+            mp_spawn.get_preparation_data = original
+
+
+def scrubbed_environment() -> dict[str, str]:
+    """The environment a worker may see: an allow-list, so no tokens or keys reach candidate code."""
+    return {k: v for k, v in os.environ.items() if k in ENV_ALLOWED}
+
+
+@dataclass
+class WorkerOutcome:
+    """How a worker ended: its final result, or why there is none."""
+
+    result: dict[str, Any] | None = None
+    timed_out_phase: str | None = None
+    crashed: str | None = None  # exit description when it died without a result
+    stderr_tail: str = ""
+    elapsed_s: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds spent
+
+
+class Worker:
+    """One worker process, driven message by message by the trusted side."""
+
+    def __init__(self, entry: Callable[[Connection, str], None], job: dict[str, Any], files: dict[str, str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="ks-worker-"))
+        os.chmod(self.dir, 0o700)
+        for name, text in (files or {}).items():
+            (self.dir / name).write_text(text)
+        (self.dir / "job.json").write_text(json.dumps(job))
+        ctx = _worker_context()
+        self.conn, child_conn = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=_run_entry, args=(entry, child_conn, str(self.dir), {**scrubbed_environment(), **(env or {})}), daemon=True)
+        self.started = time.perf_counter()
+        with _without_main_module():
+            self.process.start()
+        child_conn.close()
+        self.phase = "start"
+        self.deadline = time.monotonic() + 120.0  # until the worker names its first phase
+        self.phases: dict[str, float] = {}
+        self._phase_started = time.perf_counter()
+
+    def messages(self) -> Iterator[dict[str, Any]]:
+        """Yield the worker's non-phase messages; phase messages only move the watchdog."""
+        while True:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise PhaseTimeout(self.phase)
+            try:
+                ready = self.conn.poll(min(remaining, 1.0))
+            except (EOFError, OSError):
+                raise WorkerDied(self._exit_description()) from None
+            if not ready:
+                if not self.process.is_alive() and not self.conn.poll(0):
+                    raise WorkerDied(self._exit_description())
+                continue
+            try:
+                message = receive(self.conn)
+            except (EOFError, OSError):
+                raise WorkerDied(self._exit_description()) from None
+            except ValueError as exc:
+                raise WorkerDied(f"sent a malformed message ({exc})") from None
+            if "phase" in message:
+                now = time.perf_counter()
+                self.phases[self.phase] = self.phases.get(self.phase, 0.0) + now - self._phase_started
+                self.phase, self._phase_started = str(message["phase"]), now
+                self.deadline = time.monotonic() + float(message.get("deadline_s", 60))
+                continue
+            yield message
+
+    def send(self, **message: Any) -> None:
+        send(self.conn, **message)
+
+    def _exit_description(self) -> str:
+        self.process.join(timeout=2)
+        code = self.process.exitcode
+        if code is None:
+            return "stopped answering"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"was killed by {name}"
+        return f"exited with code {code}"
+
+    def stderr_tail(self, limit: int = 1500) -> str:
+        try:
+            with open(self.dir / "stderr.txt", "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - limit))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        """Kill the worker's whole process group and remove its folder."""
+        pid = self.process.pid
+        if pid:
+            for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+                try:
+                    kill()
+                except (ProcessLookupError, PermissionError):
+                    pass
+        self.process.join(timeout=5)
+        self.conn.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PhaseTimeout(Exception):
+    """A phase of the worker overran its deadline; the message names the phase."""
+
+
+class WorkerDied(Exception):
+    """The worker ended without sending its result; the message says how."""
+
+
+def _run_entry(entry: Callable[[Connection, str], None], conn: Connection, job_dir: str, env: dict[str, str]) -> None:
+    os.environ.clear()
+    os.environ.update(env)
+    entry(conn, job_dir)
+    conn.close()
+    os._exit(0)  # skip interpreter teardown: a candidate's atexit hooks and threads must not delay or alter the end
+
+
+def run_to_result(worker: Worker, close: bool = True) -> WorkerOutcome:
+    """Drive a worker that sends only phases and one final `result`; closes it unless told not to
+    (the caller still needs the files it wrote)."""
+    outcome = WorkerOutcome()
+    try:
+        for message in worker.messages():
+            if "result" in message:
+                outcome.result = message["result"]
+                break
+    except PhaseTimeout as exc:
+        outcome.timed_out_phase = str(exc)
+    except WorkerDied as exc:
+        outcome.crashed = str(exc)
+    finally:
+        outcome.elapsed_s = time.perf_counter() - worker.started
+        outcome.stderr_tail = worker.stderr_tail()
+        outcome.phases = dict(worker.phases)
+        if close:
+            worker.close()
+    return outcome
