@@ -137,7 +137,11 @@ class Worker:
             yield message
 
     def send(self, **message: Any) -> None:
+        """Send a command; the worker gets a fresh minute to name its next phase (our own work
+        between its last message and this one is not its time)."""
         send(self.conn, **message)
+        self.deadline = time.monotonic() + 60.0
+        self._phase_started = time.perf_counter()
 
     def _exit_description(self) -> str:
         self.process.join(timeout=2)

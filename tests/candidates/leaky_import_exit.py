@@ -1,7 +1,13 @@
-# builtin/1_LeakyReLU_Scale: exits at import
+# builtin/1_LeakyReLU_Scale: exits at import, before building
 import os
-os._exit(0)
+
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
+
+os._exit(0)
+ext = load_inline(name="never_built", cpp_sources="int f() { return 0; }", functions=["f"])
+
+
 class ModelNew(nn.Module):
-    pass
+    def forward(self, x):
+        return ext.f(x)

@@ -1,0 +1,169 @@
+"""The oracle on the CPU: every verdict status from a real candidate, the spec rules a CPU can show,
+the build cache, and the caller surviving candidates that crash, hang or exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from oracle import Oracle, OracleConfig
+from oracle.timing import TimingParams
+from tasks import Selection, load_tasks
+
+CANDIDATES = Path(__file__).parent / "candidates"
+TASK_ID = "builtin/1_LeakyReLU_Scale"
+pytestmark = pytest.mark.slow  # builds a C++ extension once (about a minute on 2 cores)
+
+
+def text(name: str) -> str:
+    return (CANDIDATES / f"leaky_{name}.py").read_text()
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("kernelsearch-cache")
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_tasks("builtin", Selection(task_ids=frozenset({TASK_ID})), 256).tasks[0]
+
+
+@pytest.fixture(scope="module")
+def oracle(cache) -> Oracle:
+    fast = TimingParams(warmup_calls=2, min_calls=5, max_calls=20, target_s=0.2, wall_calls=5)
+    return Oracle(OracleConfig(device="cpu", cache_dir=cache, timing=fast, call_timeout_s=20))
+
+
+@pytest.fixture(scope="module")
+def first_correct(oracle, task):
+    """The first evaluation builds the shared extension; later candidates reuse it."""
+    return oracle.evaluate(task, text("correct"))
+
+
+def test_correct_candidate_is_timed_against_eager(first_correct):
+    v = first_correct
+    assert v.status == "correct", v.message
+    assert v.backend == "cpp" and v.hash and v.build_s > 0 and not v.build_cached
+    assert v.time_ms > 0 and v.eager_ms > 0 and v.speedup_vs_eager == pytest.approx(v.eager_ms / v.time_ms)
+    assert v.compile_ms is None  # torch.compile baselines are a GPU affair by default
+    assert v.timing["candidate"]["calls"] >= 5 and v.timing["candidate"]["wall_ms"] > 0
+    assert v.sizes == {"batch_size": 4096, "dim": 1024}
+
+
+def test_second_evaluation_builds_nothing(oracle, task, first_correct, cache):
+    again = oracle.evaluate(task, text("correct"))
+    assert again.status == "correct" and again.build_cached and again.build_s == 0
+    assert again.hash == first_correct.hash
+    # A new oracle (another run) finds the same build on disk.
+    other = Oracle(OracleConfig(device="cpu", cache_dir=cache))
+    assert other.build(other.extract(task, text("correct"))).cached
+
+
+def test_same_extension_in_other_python_is_not_rebuilt(oracle, task, first_correct):
+    v = oracle.evaluate(task, text("wrong_slope"))
+    assert v.build_s == 0.0 and v.build_cached
+
+
+def test_incorrect_reports_first_mismatches(oracle, task, first_correct):
+    v = oracle.evaluate(task, text("wrong_slope"))
+    assert v.status == "incorrect"
+    assert "elements wrong" in v.message and "expected" in v.message and "got" in v.message
+
+
+def test_wrong_shape_is_incorrect(oracle, task, first_correct):
+    v = oracle.evaluate(task, text("wrong_shape"))
+    assert v.status == "incorrect" and "shape" in v.message
+
+
+def test_second_size_catches_hard_coded_sizes(oracle, task, first_correct):
+    v = oracle.evaluate(task, text("fixed_size"))
+    assert v.status == "runtime_error" and "hard-coded size" in v.message
+
+
+def test_compile_error_gives_compiler_lines_and_is_cached(oracle, task):
+    v = oracle.evaluate(task, text("compile_error"))
+    assert v.status == "compile_error" and "error" in v.message.lower()
+    again = oracle.evaluate(task, text("compile_error"))
+    assert again.status == "compile_error" and again.build_cached and again.message == v.message
+
+
+@pytest.mark.parametrize(
+    "name, status, words",
+    [
+        ("raises", "runtime_error", "float32"),
+        ("segfault", "runtime_error", "SIGSEGV"),
+        ("sys_exit", "runtime_error", "SystemExit"),
+        ("import_exit", "runtime_error", "exited"),
+        ("never_calls_kernel", "rejected", "never called"),
+        ("torch_fallback", "rejected", "aten::leaky_relu"),
+        ("returns_input", "rejected", "shares memory"),
+        ("mutates_input", "rejected", "modified its input"),
+        ("reused_output", "incorrect", "later call changed"),
+        ("torch", "rejected", "--allow-torch"),
+    ],
+)
+def test_faults_get_their_verdict(oracle, task, first_correct, name, status, words):
+    v = oracle.evaluate(task, text(name))
+    assert v.status == status, v.message
+    assert words in v.message
+
+
+def test_hang_times_out_and_oracle_goes_on(task, cache, first_correct):
+    quick = Oracle(OracleConfig(device="cpu", cache_dir=cache, call_timeout_s=3,
+                                timing=TimingParams(min_calls=3, max_calls=5, target_s=0.1, wall_calls=3)))
+    v = quick.evaluate(task, text("infinite_loop"))
+    assert v.status == "timeout" and "call" in v.message
+    assert quick.evaluate(task, text("correct")).status == "correct"
+
+
+def test_caller_survives_a_crash_and_goes_on(oracle, task, first_correct):
+    assert oracle.evaluate(task, text("segfault")).status == "runtime_error"
+    assert oracle.evaluate(task, text("correct")).status == "correct"
+
+
+def test_allow_torch_accepts_pytorch_rewrites(task, cache):
+    o = Oracle(OracleConfig(device="cpu", cache_dir=cache, allow_torch=True,
+                            timing=TimingParams(min_calls=3, max_calls=5, target_s=0.1, wall_calls=3)))
+    v = o.evaluate(task, text("torch"))
+    assert v.status == "correct" and v.backend == "torch"
+
+
+def test_no_code(oracle, task):
+    v = oracle.evaluate(task, "I would write a CUDA kernel here, but I am not sure how.")
+    assert v.status == "no_code" and v.message
+
+
+def test_cuda_candidate_on_cpu_oracle_is_rejected_without_building(oracle, task):
+    cuda = text("correct").replace('cpp_sources=CPP,', 'cpp_sources=CPP, cuda_sources="__global__ void k() {}",')
+    v = oracle.evaluate(task, cuda)
+    assert v.status == "rejected" and "GPU" in v.message
+
+
+def test_worker_sees_no_secrets(oracle, task, first_correct, monkeypatch):
+    monkeypatch.setenv("KS_TEST_API_TOKEN", "secret-value")
+    probe = text("correct").replace(
+        "    def forward(self, x):\n",
+        "    def forward(self, x):\n        import os\n        assert 'KS_TEST_API_TOKEN' not in os.environ, 'secret leaked'\n",
+    )
+    v = oracle.evaluate(task, probe)
+    assert v.status == "correct", v.message
+
+
+def test_eval_cli_json(cache, first_correct):
+    env = dict(os.environ, KERNELSEARCH_CACHE=str(cache))
+    out = subprocess.run(
+        [sys.executable, "-m", "search.cli", "eval", TASK_ID, str(CANDIDATES / "leaky_correct.py"), "--device", "cpu", "--json"],
+        capture_output=True, text=True, env=env, timeout=600, cwd=Path(__file__).parent.parent,
+    )
+    assert out.returncode == 0, out.stderr
+    verdict = json.loads(out.stdout.strip().splitlines()[-1])
+    for key in ("task", "backend", "hash", "status", "message", "time_ms", "eager_ms", "compile_ms",
+                "speedup_vs_eager", "speedup_vs_compile", "build_s", "flags"):
+        assert key in verdict
+    assert verdict["status"] == "correct" and verdict["build_s"] == 0
