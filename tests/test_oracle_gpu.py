@@ -1,0 +1,66 @@
+"""The oracle on a CUDA GPU (run on a GPU machine: `pytest -m gpu`), with our KernelBench candidates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from oracle import Oracle, OracleConfig
+from tasks import Selection, load_tasks
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parent.parent
+CANDIDATES = ROOT / "benchmarks" / "candidates"
+DATA = next((p for p in (ROOT / ".shared" / "kernelbench" / "kernelbench_levels1-3.jsonl",
+                         ROOT.parent / "shared" / "kernelbench" / "kernelbench_levels1-3.jsonl") if p.exists()), None)
+
+
+@pytest.fixture(scope="module")
+def oracle() -> Oracle:
+    return Oracle(OracleConfig(device="cuda", call_timeout_s=20))
+
+
+def task(task_id: str):
+    if DATA is None:
+        pytest.skip("KernelBench data not found")
+    return load_tasks(DATA, Selection(task_ids=frozenset({task_id})), 128).tasks[0]
+
+
+def evaluate(oracle: Oracle, task_id: str, variant: str):
+    return oracle.evaluate(task(task_id), (CANDIDATES / task_id / f"{variant}.py").read_text())
+
+
+def test_correct_cuda_kernel_is_timed_against_eager_and_compile(oracle):
+    v = evaluate(oracle, "level1/19_ReLU", "correct")
+    assert v.status == "correct", v.message
+    assert v.backend == "cuda" and v.device == "cuda"
+    assert v.time_ms > 0 and v.eager_ms > 0 and v.compile_ms and v.speedup_vs_compile
+    assert v.timing["candidate"]["rotate_sets"] >= 2 and v.timing["candidate"]["spread"] < 0.5
+
+
+def test_illegal_address_fails_the_candidate_not_the_oracle(oracle):
+    v = evaluate(oracle, "level1/36_RMSNorm_", "illegal_address")
+    assert v.status == "runtime_error", v.message
+    assert evaluate(oracle, "level1/36_RMSNorm_", "correct").status == "correct"
+
+
+def test_gpu_hang_times_out(oracle):
+    v = evaluate(oracle, "level2/2_ConvTranspose2d_BiasAdd_Clamp_Scaling_Clamp_Divide", "hang")
+    assert v.status == "timeout", v.message
+    assert evaluate(oracle, "level1/19_ReLU", "correct").status == "correct"
+
+
+def test_unwritten_output_is_caught_by_poisoning(oracle):
+    v = evaluate(oracle, "level1/36_RMSNorm_", "partial_output")
+    assert v.status == "incorrect", v.message
+
+
+def test_fallback_to_pytorch_is_rejected(oracle):
+    v = evaluate(oracle, "level1/19_ReLU", "torch_fallback")
+    assert v.status == "rejected", v.message
+
+
+def test_bad_launch_configuration_is_a_runtime_error(oracle):
+    v = evaluate(oracle, "level1/47_Sum_reduction_over_a_dimension", "runtime_error")
+    assert v.status == "runtime_error", v.message
