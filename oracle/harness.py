@@ -32,6 +32,7 @@ POISON_MAX_BYTES = 2 * 1024**3
 def _enter_worker(job_dir: Path) -> dict[str, Any]:
     """Own process group, private folder, output to files, file-size limit; returns the job."""
     os.setsid()
+    _die_with_parent()
     os.chdir(job_dir)
     os.environ["TMPDIR"] = str(job_dir)
     for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
@@ -43,6 +44,20 @@ def _enter_worker(job_dir: Path) -> dict[str, Any]:
     job = json.loads((job_dir / "job.json").read_text())
     torch.set_num_threads(job.get("threads") or torch.get_num_threads())
     return job
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the fork server (its parent) goes, so a dead oracle leaves no
+    candidate spinning in a loop behind it."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:
+        os._exit(1)
 
 
 def _device_setup(device: str) -> None:

@@ -6,7 +6,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -151,6 +151,95 @@ def print_verdict(v) -> None:
     if v.flags:
         table.add_row("flags", ", ".join(v.flags))
     console.print(table)
+
+
+@app.command("run")
+def run_command(
+    out: Annotated[Optional[Path], typer.Option("--out", help="Run folder to create (config.json, samples.jsonl, best/).")] = None,
+    generator: Annotated[Optional[str], typer.Option("--generator", help="vllm:MODEL_OR_PATH, openai:URL[#model] or replay:PATH.")] = None,
+    strategy: Annotated[str, typer.Option("--strategy", help="Prompt strategy (see `kernelsearch strategies`).")] = "zero-shot",
+    n: Annotated[int, typer.Option("-n", min=1, help="Samples (chains) per task.")] = 8,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Rounds per chain.")] = 1,
+    target_speedup: Annotated[float, typer.Option("--target-speedup", help="Stop a task once a correct kernel is this much faster than eager.")] = 1.0,
+    no_early_stop: Annotated[bool, typer.Option("--no-early-stop", help="Spend the whole budget (for studies).")] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Run seed: per-sample seeds derive from it.")] = 0,
+    kernel_backend: Annotated[str, typer.Option("--kernel-backend", help="What the model is asked to write: cuda, cpp or triton.")] = "cuda",
+    gpus: Annotated[Optional[int], typer.Option("--gpus", min=1, help="GPU oracles (default: every GPU of the cluster).")] = None,
+    address: Annotated[Optional[str], typer.Option("--address", help="Join this Ray cluster instead of starting one.")] = None,
+    resume: Annotated[Optional[Path], typer.Option("--resume", help="Finish an interrupted run in this folder.")] = None,
+    allow_torch: Annotated[bool, typer.Option("--allow-torch", help="Accept plain-PyTorch rewrites.")] = False,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=16, help="Tokens per completion.")] = 4096,
+    source: opt.Source = "builtin",
+    level: opt.Level = None,
+    ids: opt.Ids = None,
+    tasks: opt.TaskIds = None,
+    max_input_mb: opt.MaxInputMb = None,
+    device: opt.Device = "auto",
+) -> None:
+    """Search: sample n candidates per task, verify and time each, keep the best kernel."""
+    import asyncio
+
+    from search.controller import SearchPlan
+    from search.generators.base import GeneratorError
+    from search.runner import RunSettings, make_config, run_search, start_ray
+    from search.store import RunStore, StoreError
+    from strategies import STRATEGIES
+    from tasks.model import Task
+
+    if resume is not None:
+        try:
+            store = RunStore.open(resume)
+        except StoreError as exc:
+            fail(str(exc))
+        cfg = store.config()
+        settings = RunSettings(generator=cfg["generator"], strategy=cfg["strategy"], plan=SearchPlan(**cfg["plan"]),
+                               device=cfg["device"], gpus=cfg.get("gpus"), address=address,
+                               max_input_mb=cfg.get("max_input_mb"), source=cfg.get("source", "builtin"),
+                               allow_torch=cfg.get("allow_torch", False),
+                               strategy_backend=cfg.get("strategy_options", {}).get("backend", "cuda"))
+        task_list = [Task.from_json(t) for t in cfg["tasks"]]
+        err_console.print(f"resuming {resume}: {len(store.samples())} samples already recorded")
+    else:
+        if out is None or generator is None:
+            fail("--out and --generator are required (or --resume DIR)")
+        if strategy not in STRATEGIES:
+            fail(f"unknown strategy '{strategy}' (known: {', '.join(STRATEGIES)})")
+        if kernel_backend not in ("cuda", "cpp", "triton"):
+            fail(f"--kernel-backend must be cuda, cpp or triton, not '{kernel_backend}'")
+        dev = resolve_device(device)
+        loaded = select_tasks(source, level, ids, tasks, max_input_mb, dev)
+        if not loaded.tasks:
+            fail("no tasks selected")
+        task_list = loaded.tasks
+        plan = SearchPlan(n=n, rounds=rounds, target_speedup=target_speedup, early_stop=not no_early_stop,
+                          seed=seed, max_tokens=max_tokens)
+        settings = RunSettings(generator=generator, strategy=strategy, plan=plan, device=dev, gpus=gpus, address=address,
+                               max_input_mb=max_input_mb, source=source, allow_torch=allow_torch, strategy_backend=kernel_backend)
+        try:
+            from search.generators.spec import parse_generator_spec
+
+            parse_generator_spec(generator)
+        except GeneratorError as exc:
+            fail(str(exc))
+    with err_console.status("starting Ray...", spinner="dots"):
+        resources = start_ray(settings.address, settings.device)
+    if resume is None:
+        try:
+            store = RunStore.create(out, make_config(settings, task_list, {}, resources))
+        except StoreError as exc:
+            fail(str(exc))
+    from search.progress import RunProgress
+
+    planned = len(task_list) * settings.plan.n * settings.plan.rounds
+    with RunProgress(console, task_list, planned, store.samples()) as progress:
+        try:
+            asyncio.run(run_search(settings, task_list, store, progress.record))
+        except GeneratorError as exc:
+            fail(str(exc))
+        except KeyboardInterrupt:
+            err_console.print(f"interrupted: finish with `kernelsearch run --resume {store.root}`")
+            raise typer.Exit(130)
+    progress.print_summary(store)
 
 
 def main() -> None:  # pragma: no cover - console-script entry for `python -m search.cli`

@@ -1,0 +1,69 @@
+"""The Ray oracle actor: one per GPU (or a CPU oracle), with CPU build slots and one timing slot.
+
+Builds run in worker processes with the GPU hidden, several at a time, while the one timing slot checks
+and times a candidate on the device: the GPU does not wait while builds are queued. Untrusted code never
+runs in this actor itself, only in the workers it starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import ray
+
+from oracle.candidate import Candidate
+from oracle.evaluate import Oracle, OracleConfig
+from tasks.model import Task
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0)
+class OracleActor:
+    def __init__(self, config: OracleConfig, build_slots: int) -> None:
+        self.oracle = Oracle(config)
+        self.build_slots = asyncio.Semaphore(build_slots)
+        self.timing_slot = asyncio.Semaphore(1)
+        self.busy = {"building": 0, "timing": 0, "queued": 0}
+        self.gpu_busy_s = 0.0
+        self.build_s = 0.0
+        self.started = time.time()
+
+    async def evaluate(self, task_json: dict[str, Any], candidate_json: dict[str, Any]) -> dict[str, Any]:
+        """Build (a CPU slot), then check and time (the device slot); the verdict as JSON."""
+        task = Task.from_json(task_json)
+        candidate = Candidate(**candidate_json)
+        self.busy["queued"] += 1
+        async with self.build_slots:
+            self.busy["queued"] -= 1
+            self.busy["building"] += 1
+            t0 = time.perf_counter()
+            try:
+                build = await asyncio.to_thread(self.oracle.build, candidate)
+            finally:
+                self.busy["building"] -= 1
+                self.build_s += time.perf_counter() - t0
+        return await self._on_device(self.oracle.check_and_time, task, candidate, build)
+
+    async def retime(self, task_json: dict[str, Any], candidate_json: dict[str, Any]) -> dict[str, Any]:
+        """Check and time a candidate again in a fresh worker (the best kernel, before it is reported)."""
+        task = Task.from_json(task_json)
+        candidate = Candidate(**candidate_json)
+        build = await asyncio.to_thread(self.oracle.build, candidate)
+        return await self._on_device(self.oracle.check_and_time, task, candidate, build)
+
+    async def _on_device(self, fn, *args: Any) -> dict[str, Any]:
+        async with self.timing_slot:
+            self.busy["timing"] += 1
+            t0 = time.perf_counter()
+            try:
+                verdict = await asyncio.to_thread(fn, *args)
+            finally:
+                self.busy["timing"] -= 1
+                self.gpu_busy_s += time.perf_counter() - t0
+        return verdict.to_json()
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.busy, "device_busy_s": self.gpu_busy_s, "build_s": self.build_s,
+                "alive_s": time.time() - self.started, "pid": os.getpid()}

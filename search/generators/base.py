@@ -1,0 +1,67 @@
+"""The one small interface every generator implements: sample n completions for messages; abort.
+
+A generator streams each completion as soon as it is finished (the oracle can start on sample 1 while
+sample 8 is still being written). Each sample has its own seed, so a run can be repeated sample by sample.
+Generators run inside a Ray actor (`search.generators.actor`), never in the driver.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class SampleRequest:
+    request_id: str  # unique per request; `abort` takes it
+    task_id: str
+    messages: list[dict[str, str]]  # chat messages: {"role": "system"|"user"|"assistant", "content": ...}
+    seeds: list[int]  # one per sample: len(seeds) is n
+    samples: list[int] = field(default_factory=list)  # the task-wide sample numbers these are (replay uses them)
+    max_tokens: int = 4096
+    temperature: float = 0.8
+    top_p: float = 0.95
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+
+@dataclass
+class Completion:
+    request_id: str
+    index: int  # position within the request, 0..n-1
+    seed: int
+    text: str
+    tokens: int = 0  # generated tokens
+    prompt_tokens: int = 0
+    finish_reason: str | None = None  # "stop", "length", "abort", ...
+    error: str | None = None  # the generator failed for this sample (the text is then empty)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class GeneratorError(Exception):
+    """The generator cannot be used (bad spec, server unreachable, model missing): one line for the user."""
+
+
+class Generator(abc.ABC):
+    """Produces completions. Implementations must be safe to call from several asyncio tasks at once."""
+
+    @abc.abstractmethod
+    def sample(self, request: SampleRequest) -> AsyncIterator[Completion]:
+        """Yield the request's n completions, each as soon as it is finished (any order)."""
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Stop a request's outstanding samples; its stream ends soon after. Unknown ids are ignored."""
+
+    def describe(self) -> dict[str, Any]:
+        """What to record in a run's config.json to repeat the run."""
+        return {"kind": type(self).__name__}
+
+    async def close(self) -> None:
+        """Release the engine, connections and memory."""

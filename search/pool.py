@@ -1,0 +1,67 @@
+"""The oracle pool: oracle actors spread over the cluster's GPUs (or CPU oracles), fed least-loaded first.
+
+A candidate that crashes its worker costs that sample only (the actor reports the verdict). An actor that
+dies is restarted by Ray; the sample it was evaluating is recorded once as failed, never retried.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from oracle.actor import OracleActor
+from oracle.candidate import Candidate
+from oracle.evaluate import OracleConfig
+from oracle.verdict import Verdict
+from tasks.model import Task
+
+
+@dataclass
+class PoolSpec:
+    device: str = "cpu"
+    oracles: int = 1  # GPUs to use (one actor each); CPU oracles otherwise
+    build_slots: int | None = None  # per actor; default: the node's cores / oracles
+
+
+class OraclePool:
+    def __init__(self, spec: PoolSpec, config: OracleConfig) -> None:
+        cores = int(ray.cluster_resources().get("CPU", os.cpu_count() or 2))
+        slots = spec.build_slots or max(1, cores // max(1, spec.oracles) - 1)
+        options: dict[str, Any] = {"num_cpus": 1}
+        if spec.device == "cuda":
+            options["num_gpus"] = 1
+        self.actors = [OracleActor.options(**options).remote(config, slots) for _ in range(spec.oracles)]
+        self.in_flight = [0] * len(self.actors)
+        self.spec = spec
+        self.build_slots = slots
+
+    def _pick(self) -> int:
+        return min(range(len(self.actors)), key=lambda i: self.in_flight[i])
+
+    async def evaluate(self, task: Task, candidate: Candidate, retime: bool = False) -> Verdict:
+        i = self._pick()
+        self.in_flight[i] += 1
+        method = self.actors[i].retime if retime else self.actors[i].evaluate
+        try:
+            data = await method.remote(task.to_json(), candidate.__dict__)
+            return Verdict.from_json(data)
+        except (RayActorError, RayTaskError) as exc:
+            return Verdict(task=task.id, status="runtime_error", backend=candidate.backend, hash=candidate.hash,
+                           device=self.spec.device,
+                           message=f"the oracle died while evaluating this sample ({type(exc).__name__}); it was restarted",
+                           flags=["oracle_died"])
+        finally:
+            self.in_flight[i] -= 1
+
+    async def stats(self) -> list[dict[str, Any]]:
+        out = []
+        for actor in self.actors:
+            try:
+                out.append(await actor.stats.remote())
+            except (RayActorError, RayTaskError):
+                out.append({"dead": True})
+        return out

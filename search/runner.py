@@ -1,0 +1,96 @@
+"""Start a run: Ray, the generator actor, the oracle pool, the controller, the store, and progress output."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import ray
+
+from oracle.evaluate import OracleConfig
+from search.controller import Controller, SearchPlan
+from search.generators.actor import GeneratorActor
+from search.pool import OraclePool, PoolSpec
+from search.store import RunStore
+from strategies import make_strategy
+from tasks.model import Task
+
+
+@dataclass
+class RunSettings:
+    generator: str
+    strategy: str
+    plan: SearchPlan
+    device: str = "cpu"
+    gpus: int | None = None  # oracles on GPUs; None: every GPU of the cluster
+    address: str | None = None
+    max_input_mb: float | None = None
+    source: str = "builtin"
+    allow_torch: bool = False
+    strategy_backend: str = "cuda"
+
+
+def versions() -> dict[str, str]:
+    import numpy
+    import torch
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "ray": ray.__version__,
+            "numpy": numpy.__version__, "platform": platform.platform()}
+
+
+def start_ray(address: str | None, device: str) -> dict[str, Any]:
+    """Join a cluster, or start a local one sized for this machine (quick on a 2-core CPU)."""
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=max(2, os.cpu_count() or 2), **kwargs)
+    return ray.cluster_resources()
+
+
+def make_config(settings: RunSettings, tasks: list[Task], generator_info: dict[str, Any], resources: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "generator": settings.generator, "generator_info": generator_info, "strategy": settings.strategy,
+        "strategy_options": {"backend": settings.strategy_backend}, "plan": asdict(settings.plan),
+        "device": settings.device, "gpus": settings.gpus, "max_input_mb": settings.max_input_mb,
+        "source": settings.source, "allow_torch": settings.allow_torch,
+        "tasks": [t.to_json() for t in tasks], "versions": versions(),
+        "hardware": {"cluster": {k: v for k, v in resources.items() if not k.startswith("node:")},
+                     "machine": platform.machine(), "cpus": os.cpu_count()},
+        "started_at": time.time(), "argv": sys.argv,
+    }
+
+
+@dataclass
+class Engine:
+    generator: Any  # GeneratorActor handle
+    pool: OraclePool
+    strategy: Any
+
+
+async def build_engine(settings: RunSettings, store: RunStore) -> Engine:
+    """The generator actor, the oracle pool (one actor per GPU, or a CPU oracle) and the strategy."""
+    resources = ray.cluster_resources()
+    generator = GeneratorActor.options(num_cpus=0).remote(settings.generator, {"seed": settings.plan.seed})
+    if not store.config().get("generator_info"):
+        store.update_config(generator_info=await generator.describe.remote())
+    oracles = 1 if settings.device == "cpu" else (settings.gpus or int(resources.get("GPU", 0)))
+    if oracles < 1:
+        raise RuntimeError("--device cuda but the cluster has no GPU")
+    pool = OraclePool(PoolSpec(device=settings.device, oracles=oracles),
+                      OracleConfig(device=settings.device, allow_torch=settings.allow_torch))
+    return Engine(generator, pool, make_strategy(settings.strategy, settings.strategy_backend))
+
+
+async def run_search(settings: RunSettings, tasks: list[Task], store: RunStore, on_record: Callable | None = None,
+                     engine: Engine | None = None) -> None:
+    engine = engine or await build_engine(settings, store)
+    controller = Controller(settings.plan, engine.strategy, engine.generator, engine.pool, store, on_record)
+    await controller.run(tasks)
