@@ -34,6 +34,7 @@ class RunSettings:
     source: str = "builtin"
     allow_torch: bool = False
     strategy_backend: str = "cuda"
+    compile_baseline: bool | None = None  # None: the oracle's default (on a GPU only)
 
 
 def versions() -> dict[str, str]:
@@ -60,7 +61,7 @@ def make_config(settings: RunSettings, tasks: list[Task], generator_info: dict[s
         "generator": settings.generator, "generator_info": generator_info, "strategy": settings.strategy,
         "strategy_options": {"backend": settings.strategy_backend}, "plan": asdict(settings.plan),
         "device": settings.device, "gpus": settings.gpus, "max_input_mb": settings.max_input_mb,
-        "source": settings.source, "allow_torch": settings.allow_torch,
+        "source": settings.source, "allow_torch": settings.allow_torch, "compile_baseline": settings.compile_baseline,
         "tasks": [t.to_json() for t in tasks], "versions": versions(),
         "hardware": {"cluster": {k: v for k, v in resources.items() if not k.startswith("node:")},
                      "machine": platform.machine(), "cpus": os.cpu_count()},
@@ -85,7 +86,8 @@ async def build_engine(settings: RunSettings, store: RunStore) -> Engine:
     if oracles < 1:
         raise RuntimeError("--device cuda but the cluster has no GPU")
     pool = OraclePool(PoolSpec(device=settings.device, oracles=oracles),
-                      OracleConfig(device=settings.device, allow_torch=settings.allow_torch))
+                      OracleConfig(device=settings.device, allow_torch=settings.allow_torch,
+                                   compile_baseline=settings.compile_baseline))
     return Engine(generator, pool, make_strategy(settings.strategy, settings.strategy_backend))
 
 
