@@ -62,7 +62,7 @@ async def main_async(args: argparse.Namespace) -> None:
     resources = start_ray(None, args.device)
     ray_s = time.perf_counter() - t0
     store = RunStore.create(out, make_config(settings, loaded.tasks, {}, resources))
-    engine = await build_engine(settings, store)
+    engine = await build_engine(settings)
     t1 = time.perf_counter()
     def progress(record: dict) -> None:  # one line a sample, so a cut-off run still shows where it got
         print(f"  [{time.perf_counter() - t1:6.1f} s] {record['task']} sample {record['sample']}: {record['status']}"

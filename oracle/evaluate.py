@@ -61,7 +61,7 @@ class OracleConfig:
     time_timeout_s: float = 300.0
     compile_timeout_s: float = 600.0
     cache_dir: Path | None = None
-    threads: int | None = None  # torch threads in workers
+    threads: int | None = None  # torch threads in workers (default: every core, the same for candidate and baselines)
 
     @property
     def wants_compile(self) -> bool:
@@ -120,6 +120,9 @@ class Oracle:
         self.config = config or OracleConfig()
         self.gpu_arch = gpu_arch() if self.config.device == "cuda" else None
         self.device_name = gpu_name() if self.config.device == "cuda" else "cpu"
+        # Fixed here, not inherited: a Ray actor's OMP_NUM_THREADS=1 would otherwise time CPU baselines
+        # single-threaded in one run and multi-threaded in the next, under one cache key.
+        self.threads = self.config.threads or os.cpu_count() or 1
         self.builds = cache_root(self.config.cache_dir)
         self.baselines = self.builds.parent / "baselines"
         self.baselines.mkdir(parents=True, exist_ok=True)
@@ -341,14 +344,14 @@ class Oracle:
         smaller = shrink_once(task.code, task.id)
         if smaller:
             codes.append(smaller)
-        baseline_file = self.baselines / f"{key}-{_slug(self.device_name)}-torch{torch.__version__}.json"
+        baseline_file = self.baselines / f"{key}-{_slug(self.device_name)}-torch{torch.__version__}-t{self.threads}.json"
         cached = json.loads(baseline_file.read_text()) if baseline_file.exists() else None
         job = {
             "device": self.config.device, "task_id": task.id, "codes": codes, "init_seed": self.config.init_seed,
             "cases": _cases(self.config, len(codes)), "timing_seeds": list(self.config.timing_seeds),
             "timing": self.config.timing.__dict__, "time": cached is None, "compile": self.config.wants_compile,
             "call_timeout_s": self.config.call_timeout_s * 5, "time_timeout_s": self.config.time_timeout_s,
-            "compile_timeout_s": self.config.compile_timeout_s, "threads": self.config.threads,
+            "compile_timeout_s": self.config.compile_timeout_s, "threads": self.threads,
         }
         worker = Worker(harness.reference_entry, job)
         keep = worker.dir
@@ -377,7 +380,7 @@ class Oracle:
             "cases": _cases(c, len(reference.codes)), "timing_seeds": list(c.timing_seeds), "timing": c.timing.__dict__,
             "cache": str(self.builds), "gpu_arch": self.gpu_arch, "candidate_path": "candidate.py",
             "backend": candidate.backend, "import_timeout_s": c.import_timeout_s, "call_timeout_s": c.call_timeout_s,
-            "time_timeout_s": c.time_timeout_s, "threads": c.threads,
+            "time_timeout_s": c.time_timeout_s, "threads": self.threads,
         }
 
     def _verdict(self, task: Task, status: str, message: str, **fields: Any) -> Verdict:

@@ -181,7 +181,7 @@ def run_command(
 
     from search.controller import SearchPlan
     from search.generators.base import GeneratorError
-    from search.runner import RunSettings, make_config, run_search, start_ray
+    from search.runner import RunSettings, build_engine, make_config, run_search, start_ray
     from search.store import RunStore, StoreError
     from strategies import STRATEGIES
     from tasks.model import Task
@@ -221,11 +221,15 @@ def run_command(
             parse_generator_spec(generator)
         except GeneratorError as exc:
             fail(str(exc))
-    with err_console.status("starting Ray...", spinner="dots"):
+    with err_console.status("starting Ray and the generator...", spinner="dots"):
         resources = start_ray(settings.address, settings.device)
+        try:
+            engine = asyncio.run(build_engine(settings))
+        except (GeneratorError, RuntimeError) as exc:
+            fail(str(exc))
     if resume is None:
         try:
-            store = RunStore.create(out, make_config(settings, task_list, {}, resources))
+            store = RunStore.create(out, make_config(settings, task_list, engine.generator_info, resources))
         except StoreError as exc:
             fail(str(exc))
     from search.progress import RunProgress
@@ -233,13 +237,36 @@ def run_command(
     planned = len(task_list) * settings.plan.n * settings.plan.rounds
     with RunProgress(console, task_list, planned, store.samples()) as progress:
         try:
-            asyncio.run(run_search(settings, task_list, store, progress.record))
-        except GeneratorError as exc:
-            fail(str(exc))
+            asyncio.run(run_search(settings, task_list, store, progress.record, engine))
         except KeyboardInterrupt:
             err_console.print(f"interrupted: finish with `kernelsearch run --resume {store.root}`")
             raise typer.Exit(130)
     progress.print_summary(store)
+
+
+@app.command("report")
+def report_command(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run folders (several side by side, e.g. one per strategy).")],
+    as_json: opt.Json = False,
+    csv: Annotated[Optional[Path], typer.Option("--csv", help="Write per-task rows of every run to this CSV file.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw pass@k and fast_1.0@k against k to this PNG.")] = None,
+) -> None:
+    """Correctness as n grows (pass@k, fast_p@k, expected best speedup) and per-task results, from disk."""
+    from search.report import ReportError, report
+
+    try:
+        report(run_dirs, console, as_json, csv, plot)
+    except ReportError as exc:
+        fail(str(exc))
+
+
+@app.command("strategies")
+def strategies_command() -> None:
+    """List the prompt strategies, one line each."""
+    from strategies import STRATEGIES
+
+    for name, cls in STRATEGIES.items():
+        console.print(f"[bold]{name}[/]: {cls.summary}", highlight=False)
 
 
 def main() -> None:  # pragma: no cover - console-script entry for `python -m search.cli`

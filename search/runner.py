@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import ray
+from ray.exceptions import RayActorError
 
 from oracle.evaluate import OracleConfig
 from search.controller import Controller, SearchPlan
 from search.generators.actor import GeneratorActor
+from search.generators.base import GeneratorError
 from search.pool import OraclePool, PoolSpec
 from search.store import RunStore
 from strategies import make_strategy
@@ -69,30 +71,41 @@ def make_config(settings: RunSettings, tasks: list[Task], generator_info: dict[s
     }
 
 
+def _cause(exc: BaseException) -> str:
+    """The last line of an actor's startup error that names an exception: what the user needs to read."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if "Error" in ln and ":" in ln]
+    return lines[-1][:300] if lines else type(exc).__name__
+
+
 @dataclass
 class Engine:
     generator: Any  # GeneratorActor handle
     pool: OraclePool
     strategy: Any
+    generator_info: dict[str, Any]
 
 
-async def build_engine(settings: RunSettings, store: RunStore) -> Engine:
+async def build_engine(settings: RunSettings) -> Engine:
     """The generator actor, the oracle pool (one actor per GPU, or a CPU oracle) and the strategy."""
     resources = ray.cluster_resources()
     generator = GeneratorActor.options(num_cpus=0).remote(settings.generator, {"seed": settings.plan.seed})
-    if not store.config().get("generator_info"):
-        store.update_config(generator_info=await generator.describe.remote())
+    try:
+        info = await generator.describe.remote()
+    except RayActorError as exc:
+        raise GeneratorError(f"the generator {settings.generator} could not start: {_cause(exc)}") from None
     oracles = 1 if settings.device == "cpu" else (settings.gpus or int(resources.get("GPU", 0)))
     if oracles < 1:
         raise RuntimeError("--device cuda but the cluster has no GPU")
     pool = OraclePool(PoolSpec(device=settings.device, oracles=oracles),
                       OracleConfig(device=settings.device, allow_torch=settings.allow_torch,
                                    compile_baseline=settings.compile_baseline))
-    return Engine(generator, pool, make_strategy(settings.strategy, settings.strategy_backend))
+    return Engine(generator, pool, make_strategy(settings.strategy, settings.strategy_backend), info)
 
 
 async def run_search(settings: RunSettings, tasks: list[Task], store: RunStore, on_record: Callable | None = None,
                      engine: Engine | None = None) -> None:
-    engine = engine or await build_engine(settings, store)
+    engine = engine or await build_engine(settings)
+    if not store.config().get("generator_info"):
+        store.update_config(generator_info=engine.generator_info)
     controller = Controller(settings.plan, engine.strategy, engine.generator, engine.pool, store, on_record)
     await controller.run(tasks)

@@ -106,6 +106,7 @@ def test_compile_error_gives_compiler_lines_and_is_cached(oracle, task):
         ("mutates_input", "rejected", "modified its input"),
         ("reused_output", "incorrect", "later call changed"),
         ("torch", "rejected", "--allow-torch"),
+        ("subclass", "rejected", "plain torch.Tensor"),
     ],
 )
 def test_faults_get_their_verdict(oracle, task, first_correct, name, status, words):

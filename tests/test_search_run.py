@@ -141,7 +141,7 @@ def test_oracle_actor_killed_mid_run_and_the_run_finishes(tmp_path, env, monkeyp
     killed: list[int] = []
 
     async def main():
-        engine = await build_engine(settings, store)
+        engine = await build_engine(settings)
         pid = (await engine.pool.stats())[0]["pid"]
         search = asyncio.create_task(run_search(settings, tasks, store, engine=engine))
         # Once the oracle is busy (the hanging candidate sits in its call), kill the actor's process:

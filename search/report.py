@@ -1,0 +1,326 @@
+"""`kernelsearch report`: what one or more run folders add up to, side by side.
+
+Read-only: a run folder is read without `RunStore.open` (which would create best/ and cut a torn last
+line), so a report can be taken of a run that is still writing. A last line without its newline is
+that run's sample in flight and is skipped; any other unreadable line is a malformed folder.
+Every problem with a folder is one line (`ReportError`), never a traceback.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from search.stats import RunStats, TaskStats, powers_of_two
+from search.store import RunStore
+
+CSV_COLUMNS = ["run", "strategy", "task", "level", "samples", "correct", "incorrect", "compile_error",
+               "runtime_error", "timeout", "rejected", "no_code", "cancelled", "duplicates",
+               "first_correct_sample_number", "best_speedup_vs_eager", "best_speedup_vs_compile", "best_retimed",
+               "tokens", "device_s"]
+STATUS_ABBREV = {"correct": "ok", "incorrect": "wrong", "compile_error": "compile", "runtime_error": "runtime",
+                 "timeout": "timeout", "rejected": "rejected", "no_code": "no code", "cancelled": "cancelled"}
+
+
+class ReportError(Exception):
+    """A run folder cannot be reported on (missing, or not shaped like a run); the message is one line."""
+
+
+# ---------------------------------------------------------------- reading a run
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{path}: {what} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: cannot read {what} ({exc.__class__.__name__})") from None
+
+
+def _read_samples(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: cannot read the samples ({exc.__class__.__name__})") from None
+    lines = data.split("\n")
+    lines.pop()  # "" when the file ends in a newline; else a line the run is still writing, which (as for
+    # RunStore.open) never counted as recorded
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise ReportError(f"{path}: line {number} is not valid JSON") from None
+        if not isinstance(record, dict) or not isinstance(record.get("task"), str) or not isinstance(record.get("status"), str):
+            raise ReportError(f"{path}: line {number} is not a sample record (needs a task and a status)")
+        records.append(record)
+    return records
+
+
+def load_run(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """config, sample records and re-timed best verdicts of a run folder, or a ReportError."""
+    if not path.exists():
+        raise ReportError(f"{path}: no such run folder")
+    if not path.is_dir():
+        raise ReportError(f"{path}: not a folder")
+    if not (path / "config.json").is_file():
+        raise ReportError(f"{path} is not a run folder (no config.json)")
+    config = _read_json(path / "config.json", "config.json")
+    if not isinstance(config, dict):
+        raise ReportError(f"{path / 'config.json'}: not a JSON object")
+    if "plan" in config and not isinstance(config["plan"], dict):
+        raise ReportError(f"{path / 'config.json'}: plan is not an object")
+    tasks = config.get("tasks", [])
+    if not isinstance(tasks, list) or not all(isinstance(t, dict) and isinstance(t.get("id"), str) for t in tasks):
+        raise ReportError(f"{path / 'config.json'}: tasks is not a list of tasks with ids")
+    if not (path / "samples.jsonl").is_file():
+        raise ReportError(f"{path} is not a run folder (no samples.jsonl)")
+    records = _read_samples(path / "samples.jsonl")
+    store = RunStore(path)  # not RunStore.open: that writes to the folder
+    best: dict[str, dict[str, Any]] = {}
+    for tid in dict.fromkeys([t["id"] for t in tasks] + [r["task"] for r in records]):
+        try:
+            verdict = store.best(tid)
+        except json.JSONDecodeError as exc:
+            raise ReportError(f"{path}: best verdict of {tid} is not valid JSON ({exc.msg})") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ReportError(f"{path}: cannot read the best verdict of {tid} ({exc.__class__.__name__})") from None
+        if verdict is not None:
+            best[tid] = verdict
+    return config, records, best
+
+
+def run_stats(path: Path) -> RunStats:
+    config, records, best = load_run(path)
+    try:
+        return RunStats(records, config, best)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise ReportError(f"{path}: malformed run ({exc.__class__.__name__}: {exc})") from None
+
+
+def _labels(run_dirs: list[Path]) -> list[str]:
+    """Folder names, or whole paths where two runs share a name."""
+    names = [p.name or str(p) for p in run_dirs]
+    return [str(p) if names.count(n) > 1 else n for p, n in zip(run_dirs, names)]
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def _f(x: float | None, digits: int = 3, suffix: str = "") -> str:
+    return "-" if x is None else f"{x:.{digits}f}{suffix}"
+
+
+def _status_text(t: TaskStats) -> str:
+    parts = [f"{t.status_counts[s]} {STATUS_ABBREV.get(s, s)}" for s in STATUS_ABBREV if t.status_counts.get(s)]
+    parts += [f"{c} {s}" for s, c in t.status_counts.items() if s not in STATUS_ABBREV and c]
+    if t.duplicates:
+        parts.append(f"({t.duplicates} dup)")
+    return ", ".join(parts) or "-"
+
+
+def _summary_table(labels: list[str], runs: list[RunStats]) -> Table:
+    table = Table(title="runs", caption="* some tasks have fewer than n samples and are left out of pass@n")
+    for col, justify in (("run", "left"), ("strategy", "left"), ("tasks run", "right"), ("n", "right"),
+                         ("samples", "right"), ("pass@1", "right"), ("pass@n [95% CI]", "right"),
+                         ("fast_1.0@n", "right"), ("tokens", "right"), ("device s", "right")):
+        table.add_column(col, justify=justify)
+    for label, rs in zip(labels, runs):
+        s, n = rs.summary, rs.n
+        ci = rs.ci.get(str(n))
+        mark = "*" if n and s["tasks_at_k"][str(n)] < s["tasks_with_samples"] else ""
+        pass_n = f"{_f(s['pass_at_k'].get(str(n)))}{mark} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "-"
+        table.add_row(escape(label), escape(str(rs.strategy or "-")), f"{s['tasks_with_samples']}/{s['tasks']}", str(n),
+                      str(s["samples"]), _f(s["pass_at_k"].get("1")), pass_n,
+                      _f(s["fast_p_at_k"]["1.0"].get(str(n))), f"{rs.cost['tokens']:,}",
+                      f"{rs.cost['device_s']:.1f}")
+    return table
+
+
+def _k_tables(labels: list[str], runs: list[RunStats]) -> tuple[Table, Table]:
+    ks = sorted({k for rs in runs for k in powers_of_two(rs.n)})
+    passes = Table(title="pass@k [95% CI]", caption="* some tasks have fewer than k samples and are left out at this k")
+    fast = Table(title=escape("fast_1.0@k · E[best x eager of k samples]"))
+    for table in (passes, fast):
+        table.add_column("k", justify="right")
+        for label in labels:
+            table.add_column(escape(label), justify="right")
+    for k in ks:
+        prow, frow = [str(k)], [str(k)]
+        for rs in runs:
+            key = str(k)
+            if k > rs.n:
+                prow.append("")
+                frow.append("")
+                continue
+            mark = "*" if rs.summary["tasks_at_k"][key] < rs.summary["tasks_with_samples"] else ""
+            ci = rs.ci.get(key)
+            prow.append(f"{_f(rs.summary['pass_at_k'][key])}{mark}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
+            frow.append(f"{_f(rs.summary['fast_p_at_k']['1.0'][key])} · {_f(rs.summary['expected_best_speedup'][key], 2, 'x')}")
+        passes.add_row(*prow)
+        fast.add_row(*frow)
+    return passes, fast
+
+
+def _level_table(labels: list[str], runs: list[RunStats]) -> Table | None:
+    if all(len(rs.by_level) <= 1 for rs in runs):
+        return None
+    table = Table(title="by level")
+    for col in ("run", "level", "tasks", "samples", "pass@1", "pass@n", "fast_1.0@n"):
+        table.add_column(col, justify="left" if col in ("run", "level") else "right")
+    for label, rs in zip(labels, runs):
+        for level, block in rs.to_json()["by_level"].items():
+            n = str(block["n"])
+            table.add_row(escape(label), escape(level), str(block["tasks"]), str(block["samples"]), _f(block["pass_at_k"].get("1")),
+                          f"{_f(block['pass_at_k'].get(n))} @{n}", _f(block["fast_p_at_k"]["1.0"].get(n)))
+    return table
+
+
+def _task_table(label: str, rs: RunStats) -> Table:
+    table = Table(title=f"tasks of {escape(label)}",
+                  caption="best: the re-timed best/ kernel; (sample): not re-timed, the best sample's own timing")
+    for col, justify in (("task", "left"), ("samples", "right"), ("statuses", "left"),
+                         ("first correct at #", "right"), ("best x eager", "right"), ("best x compile", "right")):
+        table.add_column(col, justify=justify)
+    for t in rs.tasks.values():
+        retimed = "" if t.best_retimed or t.best_speedup_vs_eager is None else " (sample)"
+        table.add_row(escape(t.task), str(t.samples), escape(_status_text(t)),
+                      "-" if t.first_correct_sample_number is None else str(t.first_correct_sample_number + 1),
+                      _f(t.best_speedup_vs_eager, 2) + retimed, _f(t.best_speedup_vs_compile, 2))
+    return table
+
+
+def _notes(label: str, rs: RunStats) -> list[str]:
+    notes = []
+    if rs.unsampled:
+        notes.append(f"{label}: {len(rs.unsampled)} of {len(rs.tasks)} tasks have no judged sample (not reached, "
+                     f"or all cancelled) and are left out of every k")
+    left = rs.left_out
+    if left:
+        first = min(left, key=int)
+        notes.append(f"{label}: from k={first} on, up to {max(left.values())} of {rs.summary['tasks_with_samples']} "
+                     f"tasks have fewer than k samples (early stop or an unfinished run) and are left out there (*); "
+                     f"early-stopped tasks are solved ones, so pass@k at those k reads low")
+    if not rs.compile_available:
+        notes.append(f"{label}: no torch.compile baseline, so no speedups vs compile")
+    return notes
+
+
+def _plot(path: Path, labels: list[str], runs: list[RunStats]) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, title in zip(axes, ("pass@k", "fast$_{1.0}$@k (correct and faster than eager)")):
+        ax.set_title(title)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("k (samples per task)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0].set_ylabel("fraction of tasks")
+    max_n = max((rs.n for rs in runs), default=1)
+    thinned = False
+    for label, rs in zip(labels, runs):
+        ks = list(range(1, rs.n + 1))
+        if not ks:
+            continue
+        # where some tasks are left out (fewer samples than k) the line goes dashed with hollow markers
+        full = [k for k in ks if rs.summary["tasks_at_k"][str(k)] == rs.summary["tasks_with_samples"]]
+        cut = full[-1] if full and full == ks[:len(full)] else 0
+        thinned |= cut < rs.n
+        marked = set(powers_of_two(rs.n))  # markers at 1, 2, 4, ..., n: a large n would crowd the right end
+        color = None
+        for ax, values in ((axes[0], rs.summary["pass_at_k"]), (axes[1], rs.summary["fast_p_at_k"]["1.0"])):
+            solid = [k for k in ks if k <= cut]
+            dashed = [k for k in ks if k >= max(cut, 1)] if cut < rs.n else []
+            if solid:
+                line, = ax.plot(solid, [values[str(k)] for k in solid], marker="o", markersize=4, color=color,
+                                markevery=[i for i, k in enumerate(solid) if k in marked], label=f"{label} (n={rs.n})")
+                color = line.get_color()
+            if dashed:
+                line, = ax.plot(dashed, [values[str(k)] for k in dashed], marker="o", markersize=4, linestyle="--",
+                                markerfacecolor="white", color=color,
+                                markevery=[i for i, k in enumerate(dashed) if k in marked and k > cut],
+                                label=None if solid else f"{label} (n={rs.n})")
+                color = line.get_color()
+    ticks = powers_of_two(max_n)
+    for ax in axes:
+        ax.set_xticks(ticks, [str(k) for k in ticks])
+        ax.set_xlim(0.8, max(max_n, 2) * 1.25)
+    if any(rs.n for rs in runs):
+        axes[0].legend(loc="lower right", fontsize="small")
+    if thinned:
+        fig.suptitle("dashed, hollow: some tasks have fewer than k samples and are left out there", fontsize="small")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, format="png")
+
+
+def _write_csv(path: Path, labels: list[str], runs: list[RunStats]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(CSV_COLUMNS)
+        for label, rs in zip(labels, runs):
+            for t in rs.tasks.values():
+                row = {"run": label, "strategy": rs.strategy or "", "task": t.task, "level": t.level,
+                       "samples": t.samples, "correct": t.correct, "duplicates": t.duplicates,
+                       "first_correct_sample_number": t.first_correct_sample_number,
+                       "best_speedup_vs_eager": t.best_speedup_vs_eager,
+                       "best_speedup_vs_compile": t.best_speedup_vs_compile, "best_retimed": t.best_retimed,
+                       "tokens": t.tokens, "device_s": round(t.device_s, 6)}
+                for status in ("incorrect", "compile_error", "runtime_error", "timeout", "rejected", "no_code", "cancelled"):
+                    row[status] = t.status_counts.get(status, 0)
+                writer.writerow(["" if row[c] is None else row[c] for c in CSV_COLUMNS])
+
+
+def report(run_dirs: list[Path], console: Console, as_json: bool, csv_path: Path | None,
+           plot_path: Path | None) -> dict[str, Any]:
+    """Render the runs as tables on `console`, write the CSV and the plot if asked, and return the JSON
+    object (printed as the last line, on one line, when `as_json`)."""
+    if not run_dirs:
+        raise ReportError("no run folder given")
+    run_dirs = [Path(p) for p in run_dirs]
+    runs = [run_stats(p) for p in run_dirs]
+    labels = _labels(run_dirs)
+    result = {"runs": [{"label": label, "path": str(path), **rs.to_json()}
+                       for label, path, rs in zip(labels, run_dirs, runs)]}
+    for run, label, rs in zip(result["runs"], labels, runs):
+        run["notes"] = _notes(label, rs)
+
+    console.print(_summary_table(labels, runs))
+    for table in _k_tables(labels, runs):
+        console.print(table)
+    level_table = _level_table(labels, runs)
+    if level_table is not None:
+        console.print(level_table)
+    for label, rs in zip(labels, runs):
+        console.print(_task_table(label, rs))
+    for run in result["runs"]:
+        for note in run["notes"]:
+            console.print(f"[dim]note: {escape(note)}[/]", highlight=False)
+
+    try:
+        if csv_path is not None:
+            _write_csv(Path(csv_path), labels, runs)
+            console.print(f"per-task rows written to {escape(str(csv_path))}", highlight=False)
+        if plot_path is not None:
+            _plot(Path(plot_path), labels, runs)
+            console.print(f"plot written to {escape(str(plot_path))}", highlight=False)
+    except OSError as exc:
+        raise ReportError(f"cannot write {exc.filename or 'the output'}: {exc.strerror or exc}") from None
+
+    if as_json:
+        console.print(json.dumps(result, allow_nan=False, default=str), soft_wrap=True, highlight=False, markup=False,
+                      emoji=False)
+    return result
