@@ -9,6 +9,7 @@ cached on disk (timings, per task, device and torch version).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -188,11 +189,8 @@ class Oracle:
                     "or Triton); plain PyTorch rewrites are accepted only with --allow-torch")
         if candidate.backend == "cuda" and self.config.device != "cuda":
             return "this oracle runs on the CPU: CUDA candidates need a GPU oracle (--device cuda)"
-        if candidate.backend == "triton" and self.config.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-            try:
-                import triton  # noqa: F401
-            except ImportError:
-                return "Triton is not installed here: triton candidates cannot run"
+        if candidate.backend == "triton" and importlib.util.find_spec("triton") is None:
+            return "Triton is not installed here: triton candidates cannot run"
         return None
 
     # ------------------------------------------------------------ timing slot
@@ -208,7 +206,9 @@ class Oracle:
         job = self._job(task, reference, candidate, build)
         files = {"candidate.py": candidate.source}
         t0 = time.perf_counter()
-        worker = Worker(harness.candidate_entry, job, files)
+        # On a CPU, Triton kernels run under its interpreter (slow, but the same kernel code).
+        env = {"TRITON_INTERPRET": "1"} if candidate.backend == "triton" and self.config.device == "cpu" else None
+        worker = Worker(harness.candidate_entry, job, files, env=env)
         try:
             checked = self._drive_checks(task, worker, reference, candidate, base)
             if isinstance(checked, Verdict):
