@@ -8,6 +8,7 @@ Generators run inside a Ray actor (`search.generators.actor`), never in the driv
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -65,3 +66,23 @@ class Generator(abc.ABC):
 
     async def close(self) -> None:
         """Release the engine, connections and memory."""
+
+
+async def as_finished(tasks: list[asyncio.Task]) -> AsyncIterator[Any]:
+    """Yield each task's result (None results skipped) as soon as it finishes, in finishing order.
+
+    Closing the stream early (an abort, or a consumer that stops) cancels the tasks still running, which is
+    how a generator's outstanding samples are stopped. Use it with `contextlib.aclosing`.
+    """
+    pending = set(tasks)
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if not task.cancelled() and (result := task.result()) is not None:
+                    yield result
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)

@@ -8,6 +8,7 @@ vLLM's server cancels a request whose client went away, so the GPU stops working
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
@@ -15,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from search.generators.base import Completion, Generator, GeneratorError, SampleRequest
+from search.generators.base import Completion, Generator, GeneratorError, SampleRequest, as_finished
 
 
 def normalize_base_url(url: str) -> str:
@@ -77,19 +78,12 @@ class OpenAIGenerator(Generator):
     async def sample(self, request: SampleRequest) -> AsyncIterator[Completion]:  # type: ignore[override]
         tasks = [asyncio.create_task(self._one(request, i)) for i in range(request.n)]
         self._live[request.request_id] = tasks
-        pending = set(tasks)
-        try:
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    if not task.cancelled() and (completion := task.result()) is not None:
-                        yield completion
-        finally:  # aborted, or the consumer stopped early: close what is still streaming
+        try:  # aborted, or the consumer stopped early: close what is still streaming
+            async with contextlib.aclosing(as_finished(tasks)) as finished:
+                async for completion in finished:
+                    yield completion
+        finally:
             self._live.pop(request.request_id, None)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
 
     async def _one(self, request: SampleRequest, i: int) -> Completion:
         """Stream one sample to its end. Never raises, but cancelling it closes its HTTP stream."""

@@ -13,7 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from search.generators.base import Completion, Generator, GeneratorError, SampleRequest
+from search.generators.base import Completion, Generator, GeneratorError, SampleRequest, as_finished
 
 log = logging.getLogger(__name__)
 
@@ -100,19 +100,12 @@ class VLLMGenerator(Generator):
             for i in range(request.n)
         ]
         self._live[request.request_id] = (sample_ids, tasks)
-        pending = set(tasks)
-        try:
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    if not task.cancelled() and (completion := task.result()) is not None:
-                        yield completion
-        finally:  # aborted, or the consumer stopped early: cancelling a sample aborts it in the engine
+        try:  # aborted, or the consumer stopped early: cancelling a sample aborts it in the engine
+            async with contextlib.aclosing(as_finished(tasks)) as finished:
+                async for completion in finished:
+                    yield completion
+        finally:
             self._live.pop(request.request_id, None)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
 
     def _prompt_ids(self, engine: Any, messages: list[dict[str, str]]) -> list[int]:
         """Chat template -> token ids, tokenised once per request and shared by its n samples."""
