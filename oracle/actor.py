@@ -53,6 +53,21 @@ class OracleActor:
         build = await asyncio.to_thread(self.oracle.build, candidate)
         return await self._on_device(self.oracle.check_and_time, task, candidate, build)
 
+    async def profile(self, task_json: dict[str, Any]) -> dict[str, Any]:
+        """Profile the task's reference on this oracle's device (a trusted worker, in the timing slot)."""
+        from oracle.profile import profile_task
+
+        task = Task.from_json(task_json)
+        async with self.timing_slot:
+            self.busy["timing"] += 1
+            t0 = time.perf_counter()
+            try:
+                return await asyncio.to_thread(profile_task, task, self.oracle.config.device, self.oracle.threads,
+                                               self.oracle.config.init_seed)
+            finally:
+                self.busy["timing"] -= 1
+                self.gpu_busy_s += time.perf_counter() - t0
+
     async def _on_device(self, fn, *args: Any) -> dict[str, Any]:
         async with self.timing_slot:
             self.busy["timing"] += 1

@@ -29,7 +29,7 @@ from oracle.candidate import Candidate
 from oracle.compare import compare
 from oracle.extract import extract
 from oracle.sandbox import PhaseTimeout, Worker, WorkerDied, WorkerOutcome, run_to_result
-from oracle.timing import TimingParams
+from oracle.timing import TimingParams, block_calls
 from oracle.verdict import Verdict
 from tasks.fitting import shrink_once
 from tasks.model import Task
@@ -88,6 +88,8 @@ class Reference:
     compile: dict[str, Any] | None
     compile_error: str | None = None
     codes: list[str] = field(default_factory=list)
+    timing_outputs: list[list[torch.Tensor | None]] = field(default_factory=list)  # per timing input set
+    floor: dict[str, Any] | None = None  # flops, bytes, dtype, sol_ms (oracle.floor)
 
     @property
     def constant(self) -> bool:
@@ -164,7 +166,8 @@ class Oracle:
             return BuildOutcome(key, key_dir, True, False, 0.0)  # nothing to compile ahead of the run
         key_dir.mkdir(parents=True, exist_ok=True)
         job = {"cache": str(self.builds), "gpu_arch": self.gpu_arch, "candidate_path": "candidate.py",
-               "backend": candidate.backend, "build_timeout_s": self.config.build_timeout_s}
+               "backend": candidate.backend, "build_timeout_s": self.config.build_timeout_s,
+               "max_file_bytes": 2 * MIN_FILE_CAP}  # the extension's .so and the compiler's files fit
         # CUDA hidden: a build slot compiles only, the GPU stays with the timing slot.
         worker = Worker(harness.build_entry, job, {"candidate.py": candidate.source}, env={"CUDA_VISIBLE_DEVICES": ""})
         outcome = run_to_result(worker)
@@ -215,12 +218,20 @@ class Oracle:
                 return checked
             verify_s = time.perf_counter() - t0
             worker.send(cmd="time")
-            outcome = run_to_result(worker)
+            outcome = run_to_result(worker, close=False)
+            if outcome.timed_out_phase or outcome.result is None or outcome.result.get("status") != "timed":
+                return self._failed_run(task, outcome, base, verify_s=verify_s)
+            # The outputs of timed calls are checked too: a candidate right only while checked is caught.
+            wrong = self._compare_timed_outputs(worker.dir, reference)
+            if wrong:
+                return self._verdict(task, "incorrect", wrong, verify_s=verify_s, **base)
         finally:
             worker.close()
-        if outcome.timed_out_phase or outcome.result is None or outcome.result.get("status") != "timed":
-            return self._failed_run(task, outcome, base, verify_s=verify_s)
-        timing = outcome.result["timing"]
+        timing = dict(outcome.result["timing"])
+        external = _external_ms(outcome.clocks, job["block_calls"])
+        if external is None:
+            return self._verdict(task, "rejected", "the timing block the oracle clocks itself did not run", verify_s=verify_s, **base)
+        timing["external_ms"] = external
         return self._scored(task, timing, reference, base, checked["flags"], verify_s, outcome.elapsed_s)
 
     def _drive_checks(self, task: Task, worker: Worker, reference: Reference, candidate: Candidate, base: dict) -> dict | Verdict:
@@ -229,7 +240,7 @@ class Oracle:
             for message in worker.messages():
                 if "result" in message:  # the worker stopped early: an error, a rejection
                     r = message["result"]
-                    return self._verdict(task, r.get("status", "runtime_error"), r.get("message", ""), **base)
+                    return self._verdict(task, *_worker_failure(r), **base)
                 if "checked" in message:
                     checked = message["checked"]
                     break
@@ -270,6 +281,28 @@ class Oracle:
                 return "a later call changed the tensor returned by an earlier call (reused output buffer); allocate a new output each call"
         return None
 
+    def _compare_timed_outputs(self, job_dir: Path, reference: Reference) -> str | None:
+        for prefix, when in (("timed", "a timed call"), ("block", "a call of the wall-clock block")):
+            # A short timing may not reach every input set; each set that was run has one sampled output.
+            present = [k for k in range(len(reference.timing_outputs)) if (job_dir / f"{prefix}_{k}.pt").exists()]
+            if reference.timing_outputs and not present:
+                return f"the outputs of {when} are missing"
+            for k in present:
+                ref_outs = reference.timing_outputs[k]
+                path = job_dir / f"{prefix}_{k}.pt"
+                try:
+                    outs = torch.load(path, weights_only=True)
+                except Exception as exc:  # noqa: BLE001
+                    return f"the outputs of {when} could not be read as plain tensors ({type(exc).__name__})"
+                if len(outs) != len(ref_outs):
+                    return f"forward returned {len(outs)} output(s) in {when}, expected {len(ref_outs)}"
+                for j, (out, ref) in enumerate(zip(outs, ref_outs)):
+                    result = compare(out, ref, f"output {j}" if len(ref_outs) > 1 else "output")
+                    if not result.ok:
+                        return (f"correct while checked but wrong in {when} (input set {k + 1}): {result.message}; "
+                                "the output must be right on every call")
+        return None
+
     def _own_kernel_problem(self, candidate: Candidate, checked: dict, reference: Reference) -> str | None:
         """Rule 11: the candidate ran code of its own, and did not just call the operators it replaces."""
         if candidate.backend == "torch":
@@ -293,8 +326,7 @@ class Oracle:
         if outcome.result is None:
             return self._verdict(task, "runtime_error", f"the candidate's process {outcome.crashed} while being timed: "
                                  f"{_last_line(outcome.stderr_tail)}", verify_s=verify_s, **base)
-        r = outcome.result
-        return self._verdict(task, r.get("status", "runtime_error"), r.get("message", "timing failed"), verify_s=verify_s, **base)
+        return self._verdict(task, *_worker_failure(outcome.result), verify_s=verify_s, **base)
 
     def _scored(self, task: Task, timing: dict, reference: Reference, base: dict, flags: list[str], verify_s: float, time_s: float) -> Verdict:
         flags = list(flags)
@@ -302,15 +334,35 @@ class Oracle:
             flags.append("constant_reference")  # e.g. a ReLU after a negative shift: zeros pass
         time_ms = timing["median_ms"]
         eager = reference.eager or {}
-        # Rule 14: events that miss work (side streams, threads) show as a wall clock far above them.
-        ratio = timing["wall_ms"] / time_ms if time_ms > 0 else float("inf")
-        eager_ratio = eager.get("wall_ms", 0) / eager["median_ms"] if eager.get("median_ms") else 1.0
-        if ratio > max(1.5, 1.5 * eager_ratio) and timing["wall_ms"] - time_ms > 0.05:
+        # Rule 14: events that miss work (side streams, threads) show as a wall clock far above them. The wall
+        # clock is the larger of the worker's own and the one this process measured around a block of calls
+        # (a candidate can patch the clocks in its own process, not ours).
+        wall_ms = max(timing["wall_ms"], timing.get("external_ms") or 0.0)
+        eager_wall = max(eager.get("wall_ms", 0), eager.get("external_ms") or 0.0)
+        ratio = wall_ms / time_ms if time_ms > 0 else float("inf")
+        eager_ratio = eager_wall / eager["median_ms"] if eager.get("median_ms") else 1.0
+        if ratio > max(1.5, 1.5 * eager_ratio) and wall_ms - time_ms > 0.05:
             flags.append("wall_clock_disagrees")
-            time_ms = timing["wall_ms"]
+            time_ms = wall_ms
+        # Rule 14: nothing is faster than the physical floor (bytes over bandwidth, FLOPs over peak).
+        sol_ms = (reference.floor or {}).get("sol_ms")
+        if sol_ms:
+            fastest = time_ms  # the (flushed) median, or the wall clock where that disagreed
+            if fastest < sol_ms:
+                return self._verdict(
+                    task, "rejected",
+                    f"impossible: faster than the memory/compute floor ({fastest:.4g} ms < {sol_ms:.4g} ms for "
+                    f"{reference.floor['bytes'] / 1e6:.4g} MB and {reference.floor['flops'] / 1e9:.4g} GFLOP); "
+                    "the timing missed work or the work was skipped",
+                    time_ms=time_ms, sol_ms=sol_ms, sol_fraction=sol_ms / fastest if fastest > 0 else None,
+                    verify_s=verify_s, time_s=time_s, flags=flags + ["below_floor"],
+                    timing={"candidate": timing, "sol_ms": sol_ms, "floor": reference.floor}, **base)
         eager_ms = eager.get("median_ms")
         compile_ms = (reference.compile or {}).get("median_ms")
         timing_info = {"candidate": timing, "eager": reference.eager, "compile": reference.compile}
+        sol_fraction = sol_ms / time_ms if sol_ms and time_ms > 0 else None
+        if sol_ms:
+            timing_info.update(sol_ms=sol_ms, sol_fraction=sol_fraction, floor=reference.floor)
         if reference.compile_error:
             timing_info["compile_error"] = reference.compile_error
         speed = f"{time_ms:.4g} ms"
@@ -322,13 +374,13 @@ class Oracle:
             speed += f", {sp_c:.2f}x torch.compile ({compile_ms:.4g} ms)"
         return self._verdict(task, "correct", f"correct; {speed}", time_ms=time_ms, eager_ms=eager_ms, compile_ms=compile_ms,
                              speedup_vs_eager=sp_e, speedup_vs_compile=sp_c, verify_s=verify_s, time_s=time_s,
-                             flags=flags, timing=timing_info, **base)
+                             flags=flags, timing=timing_info, sol_ms=sol_ms, sol_fraction=sol_fraction, **base)
 
     # ------------------------------------------------------------ reference and baselines
 
     def reference(self, task: Task) -> Reference:
         """Reference outputs (memory) and baseline timings (disk cache) for a task on this device."""
-        key = hashlib.sha256(f"{task.code}\0{self.config.device}\0{self.config.check_seeds}".encode()).hexdigest()[:20]
+        key = hashlib.sha256(f"{task.code}\0{self.config.device}\0{self.config.check_seeds}\0{self.config.timing_seeds}".encode()).hexdigest()[:20]
         with self._ref_lock:
             if key in self._references:
                 self._references.move_to_end(key)
@@ -365,13 +417,18 @@ class Oracle:
             if "error" in r:
                 raise ReferenceError(r["error"])
             outputs = [torch.load(keep / f"ref_{i}.pt", weights_only=True) for i in range(len(job["cases"]))]
+            timing_outputs = [torch.load(keep / f"tref_{k}.pt", weights_only=True) for k in range(len(job["timing_seeds"]))]
         finally:
             worker.close()
         if cached is None:
-            cached = {"eager": r.get("eager"), "compile": r.get("compile"), "compile_error": r.get("compile_error"),
+            eager = r.get("eager")
+            if eager is not None:
+                eager["external_ms"] = _external_ms(outcome.clocks, int(eager.get("block_calls") or 0))
+            cached = {"eager": eager, "compile": r.get("compile"), "compile_error": r.get("compile_error"),
                       "device": self.device_name, "torch": torch.__version__, "task": task.id}
             baseline_file.write_text(json.dumps(cached))
-        return Reference(outputs, r["ops"], cached["eager"], cached.get("compile"), cached.get("compile_error"), codes)
+        return Reference(outputs, r["ops"], cached["eager"], cached.get("compile"), cached.get("compile_error"), codes,
+                         timing_outputs=timing_outputs, floor=r.get("floor"))
 
     def _job(self, task: Task, reference: Reference, candidate: Candidate, build: BuildOutcome) -> dict[str, Any]:
         c = self.config
@@ -381,6 +438,9 @@ class Oracle:
             "cache": str(self.builds), "gpu_arch": self.gpu_arch, "candidate_path": "candidate.py",
             "backend": candidate.backend, "import_timeout_s": c.import_timeout_s, "call_timeout_s": c.call_timeout_s,
             "time_timeout_s": c.time_timeout_s, "threads": self.threads,
+            # Per file (stderr, output files): room for the outputs, not for filling the disk.
+            "block_calls": block_calls((reference.eager or {}).get("median_ms"), c.timing.wall_calls),
+            "max_file_bytes": max(MIN_FILE_CAP, 4 * max((_bytes(outs) for outs in reference.outputs), default=0)),
         }
 
     def _verdict(self, task: Task, status: str, message: str, **fields: Any) -> Verdict:
@@ -396,6 +456,30 @@ def _cases(config: OracleConfig, n_codes: int) -> list[dict[str, int]]:
     if n_codes > 1:
         cases.append({"code": 1, "seed": config.extra_size_seed})
     return cases
+
+
+MIN_FILE_CAP = 1024**3
+# The only verdicts a worker may report itself; anything else in its result (a forged "correct") is a fault.
+WORKER_STATUSES = {"runtime_error", "rejected", "incorrect", "compile_error"}
+
+
+def _worker_failure(result: Any) -> tuple[str, str]:
+    """The (status, message) of a worker's early or failed result, never better than a failure."""
+    if not isinstance(result, dict) or result.get("status") not in WORKER_STATUSES:
+        status = result.get("status") if isinstance(result, dict) else None
+        return "runtime_error", f"the candidate's process sent an unexpected result ({str(status)[:40]!r}): it must not write to the oracle's pipe"
+    return result["status"], str(result.get("message", ""))[:2000]
+
+
+def _bytes(outputs: list[torch.Tensor | None]) -> int:
+    return sum(t.numel() * t.element_size() for t in outputs if t is not None)
+
+
+def _external_ms(clocks: dict[str, float], calls: int) -> float | None:
+    """Per-call time of the worker's clocked block, by this process's clock (None: the block never ran)."""
+    if "block_start" not in clocks or "block_end" not in clocks or calls <= 0:
+        return None
+    return max(0.0, clocks["block_end"] - clocks["block_start"]) * 1e3 / calls
 
 
 def _last_line(text: str) -> str:

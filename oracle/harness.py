@@ -11,37 +11,46 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import resource
 import sys
 import traceback
+from collections import deque
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from oracle import timing  # binds the clock and CUDA functions before any candidate code runs
+from oracle import floor, timing  # binds the clock and CUDA functions before any candidate code runs
 from oracle.build import BuildFailed, BuildRecord, install_build_hooks
 from oracle.protocol import receive, send
 from tasks.runtime import TaskModule, exec_task_code, one_line, tensors_in
 
-MAX_FILE_BYTES = 8 * 1024**3  # a worker that prints or writes more than this is killed (SIGXFSZ)
+MAX_FILE_BYTES = 8 * 1024**3  # default: a worker that writes a file larger than this is killed (SIGXFSZ)
 POISON_MAX_BYTES = 2 * 1024**3
 
 
 def _enter_worker(job_dir: Path) -> dict[str, Any]:
-    """Own process group, private folder, output to files, file-size limit; returns the job."""
+    """Own process group, private folder, stdout discarded and stderr to a file, file-size limit; returns the job.
+
+    Nobody reads the worker's stdout (the protocol is the pipe), so it goes to /dev/null: a candidate that
+    prints a fake verdict or hundreds of MB writes nothing anywhere. stderr (for the message's last line)
+    goes to a file capped by RLIMIT_FSIZE: writing past the cap kills the worker (SIGXFSZ)."""
     os.setsid()
     _die_with_parent()
     os.chdir(job_dir)
     os.environ["TMPDIR"] = str(job_dir)
-    for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
-        f = os.open(job_dir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(f, fd)
-        os.close(f)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     job = json.loads((job_dir / "job.json").read_text())
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    f = os.open(job_dir / "stderr.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(f, 2)
+    os.close(f)
+    limit = int(job.get("max_file_bytes") or MAX_FILE_BYTES)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     torch.set_num_threads(job.get("threads") or torch.get_num_threads())
     return job
 
@@ -204,11 +213,25 @@ def _run_reference(conn: Connection, job: dict[str, Any], job_dir: Path) -> dict
         inputs0 = _seeded_inputs(modules[0], job["cases"][0]["seed"], device)
         ops, kernels = _profile_call(models[0], inputs0, device)
         result: dict[str, Any] = {"ops": ops, "kernels": kernels}
+        # The physical floor (rule 14), from the reference's FLOPs and the bytes it must move.
+        try:
+            result["floor"] = floor.measure(models[0], inputs0, device).__dict__
+        except Exception as exc:  # noqa: BLE001 - a floor we cannot count is no floor, not a failure
+            result["floor_error"] = one_line(exc)
+        # Expected outputs of the timing input sets: the outputs of timed calls are checked too.
+        sets = [_seeded_inputs(modules[0], s, device) for s in job["timing_seeds"]]
+        for k, inputs in enumerate(sets):
+            send(conn, phase=f"reference timing set {k}", deadline_s=job["call_timeout_s"])
+            out = models[0](*inputs)
+            timing.sync(device)
+            _save_outputs(_flat_outputs(out), job_dir / f"tref_{k}.pt")
         if job.get("time"):
-            sets = [_seeded_inputs(modules[0], s, device) for s in job["timing_seeds"]]
             params = timing.TimingParams(**job["timing"])
             send(conn, phase="timing eager", deadline_s=job["time_timeout_s"])
             result["eager"] = timing.time_calls(models[0], sets, device, params).to_json()
+            n = timing.block_calls(result["eager"]["median_ms"], params.wall_calls)
+            result["eager"]["block_calls"] = n
+            _clocked_block(conn, models[0], sets, device, n)
             if job.get("compile"):
                 send(conn, phase="timing torch.compile", deadline_s=job["compile_timeout_s"])
                 try:
@@ -266,6 +289,83 @@ def _aliases(outputs: list[Any], others: list[torch.Tensor]) -> bool:
     return False
 
 
+def _clocked_block(conn: Connection, fn, sets: list[list[Any]], device: str, n: int, keep=None) -> None:
+    """A block of calls the trusted side times with its own clock, between two messages: a candidate that
+    patches the clocks of this process (or the oracle's own timing code in it) cannot shorten it."""
+    timing.sync(device)
+    send(conn, clock="block_start")
+    for i in range(n):
+        out = fn(*sets[i % len(sets)])
+        if keep is not None:
+            keep(i % len(sets), out)
+    timing.sync(device)
+    send(conn, clock="block_end")
+
+
+class _Sampler:
+    """Keeps, per input set, one output picked uniformly at random among all the calls made on it
+    (reservoir sampling), so a candidate cannot know which timed call will be checked."""
+
+    def __init__(self) -> None:
+        self.rng = random.Random(os.urandom(16))
+        self.seen: dict[int, int] = {}
+        self.kept: dict[int, Any] = {}
+
+    def __call__(self, index: int, out: Any) -> None:
+        n = self.seen.get(index, 0) + 1
+        self.seen[index] = n
+        if self.rng.random() * n < 1.0:
+            self.kept[index] = out
+
+
+class _Keeper:
+    """Watches the outputs of timed calls: samples them for the trusted side to check (`_Sampler`), and
+    notices a call that returns storage an earlier call returned (a memoised or reused result: with the
+    inputs rotated among a few sets, a cache would otherwise hit on every timed call at no cost).
+    The last few outputs are held, so their memory cannot be handed out again: equal addresses mean the
+    same storage."""
+
+    def __init__(self, n_sets: int) -> None:
+        self.timed = _Sampler()
+        self.block = _Sampler()
+        self.in_block = False
+        self.recent: deque[tuple[Any, set[int]]] = deque(maxlen=n_sets + 1)
+        self.repeated = False
+
+    def __call__(self, index: int, out: Any) -> None:
+        ptrs = {t.untyped_storage().data_ptr() for t in _flat_outputs(out) if isinstance(t, torch.Tensor) and t.numel()}
+        if any(ptrs & previous for _, previous in self.recent):
+            self.repeated = True
+        self.recent.append((out, ptrs))
+        (self.block if self.in_block else self.timed)(index, out)
+
+
+def _save_kept(kept: dict[int, Any], prefix: str, job_dir: Path) -> str | None:
+    for k, out in kept.items():
+        outputs = _flat_outputs(out)
+        bad = [type(t).__name__ for t in outputs if type(t) is not torch.Tensor]
+        if bad:
+            return f"forward returned {', '.join(bad)} while being timed, expected plain torch.Tensor output(s)"
+        _save_outputs(outputs, job_dir / f"{prefix}_{k}.pt")
+    return None
+
+
+def _same_layout(a: list[Any], b: list[Any]) -> bool:
+    """Flat input lists whose tensors match in shape, dtype and strides and whose other values are equal."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype or x.stride() != y.stride() or x.device != y.device:
+                return False
+        elif isinstance(x, (int, float, bool, str, type(None))) and type(x) is type(y):
+            if x != y:
+                return False
+        else:
+            return False
+    return True
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)) if a.is_floating_point() else torch.equal(a, b))
 
@@ -295,9 +395,18 @@ def _run_candidate(conn: Connection, job: dict[str, Any], job_dir: Path) -> dict
     flags: list[str] = []
     first_outputs: list[Any] | None = None
     calls_before = sum(record.calls.values()) + TRITON_LAUNCHES["count"]
+    live: dict[int, list[Any]] = {}  # per task size: the input tensors of the previous check
     with torch.no_grad():
         for i, case in enumerate(job["cases"]):
             inputs = _seeded_inputs(modules[case["code"]], case["seed"], device)
+            # From the second check on, new values are written into the same input tensors: a candidate
+            # that caches results by input address (or shape) returns the stale ones and fails.
+            previous = live.get(case["code"])
+            if previous is not None and _same_layout(previous, inputs):
+                for old, new in zip(tensors_in(previous), tensors_in(inputs)):
+                    old.copy_(new)
+                inputs = [p if isinstance(p, torch.Tensor) else n for p, n in zip(previous, inputs)]
+            live[case["code"]] = inputs
             in_tensors = tensors_in(inputs)
             snapshots = [t.detach().clone() for t in in_tensors]
             _poison_allocator(4 * sum(t.numel() * t.element_size() for t in in_tensors), device)
@@ -336,5 +445,16 @@ def _run_candidate(conn: Connection, job: dict[str, Any], job_dir: Path) -> dict
             return {"status": "checked"}
         sets = [_seeded_inputs(modules[0], s, device) for s in job["timing_seeds"]]
         send(conn, phase="timing", deadline_s=job["time_timeout_s"])
-        result = timing.time_calls(models[0], sets, device, timing.TimingParams(**job["timing"]))
+        params = timing.TimingParams(**job["timing"])
+        keeper = _Keeper(len(sets))
+        result = timing.time_calls(models[0], sets, device, params, keep=keeper)
+        keeper.in_block = True
+        _clocked_block(conn, models[0], sets, device, int(job.get("block_calls") or params.wall_calls), keep=keeper)
+        timing.sync(device)
+        if keeper.repeated:
+            return {"status": "rejected", "message": "forward returned the same output memory in two timed calls "
+                    "(a cached or reused result); return a newly computed tensor on every call"}
+        bad = _save_kept(keeper.timed.kept, "timed", job_dir) or _save_kept(keeper.block.kept, "block", job_dir)
+        if bad:
+            return {"status": "rejected", "message": bad}
     return {"status": "timed", "timing": result.to_json()}

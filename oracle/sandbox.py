@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import multiprocessing.spawn as mp_spawn
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -43,10 +44,35 @@ def _worker_context() -> Any:
     global _context
     with _context_lock:
         if _context is None:
+            _scrub_fork_server_environment()
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(["torch", "oracle.harness"])
             _context = ctx
         return _context
+
+
+def _scrub_fork_server_environment() -> None:
+    """Start the fork server (and any restart of it) with the allow-listed environment only.
+
+    A worker's `os.environ` is replaced, but `/proc/self/environ` still shows the environment its process
+    image was started with, which for a forked worker is the fork server's: so the fork server itself must
+    be started without secrets. It is started through `env -i`, which needs no change to this process's
+    environment (other threads keep theirs)."""
+    import multiprocessing.util as mp_util
+
+    original = mp_util.spawnv_passfds
+    if getattr(original, "_kernelsearch_scrubbed", False):
+        return
+    env_tool = shutil.which("env")
+
+    def spawnv_passfds(path, args, passfds):
+        if env_tool and any("forkserver" in str(a) for a in args):
+            assignments = [f"{k}={v}" for k, v in scrubbed_environment().items()]
+            return original(os.fsencode(env_tool), [env_tool, "-i", *assignments, path, *args[1:]], passfds)
+        return original(path, args, passfds)
+
+    spawnv_passfds._kernelsearch_scrubbed = True  # type: ignore[attr-defined]
+    mp_util.spawnv_passfds = spawnv_passfds
 
 
 @contextlib.contextmanager
@@ -84,6 +110,7 @@ class WorkerOutcome:
     stderr_tail: str = ""
     elapsed_s: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds spent
+    clocks: dict[str, float] = field(default_factory=dict)  # clock mark -> this process's perf_counter at receipt
 
 
 class Worker:
@@ -98,7 +125,10 @@ class Worker:
         (self.dir / "job.json").write_text(json.dumps(job))
         ctx = _worker_context()
         self.conn, child_conn = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=_run_entry, args=(entry, child_conn, str(self.dir), {**scrubbed_environment(), **(env or {})}), daemon=True)
+        # A marker that the worker's children inherit: close() finds and kills those that left its process group.
+        self.marker = secrets.token_hex(8)
+        worker_env = {**scrubbed_environment(), **(env or {}), MARKER_VARIABLE: self.marker}
+        self.process = ctx.Process(target=_run_entry, args=(entry, child_conn, str(self.dir), worker_env), daemon=True)
         self.started = time.perf_counter()
         with _without_main_module():
             self.process.start()
@@ -106,6 +136,7 @@ class Worker:
         self.phase = "start"
         self.deadline = time.monotonic() + 120.0  # until the worker names its first phase
         self.phases: dict[str, float] = {}
+        self.clocks: dict[str, float] = {}
         self._phase_started = time.perf_counter()
 
     def messages(self) -> Iterator[dict[str, Any]]:
@@ -128,6 +159,9 @@ class Worker:
                 raise WorkerDied(self._exit_description()) from None
             except ValueError as exc:
                 raise WorkerDied(f"sent a malformed message ({exc})") from None
+            if "clock" in message:  # a mark timed by this (trusted) process's own clock
+                self.clocks[str(message["clock"])] = time.perf_counter()
+                continue
             if "phase" in message:
                 now = time.perf_counter()
                 self.phases[self.phase] = self.phases.get(self.phase, 0.0) + now - self._phase_started
@@ -175,8 +209,40 @@ class Worker:
                 except (ProcessLookupError, PermissionError):
                     pass
         self.process.join(timeout=5)
+        _kill_marked(self.marker, self.dir)
         self.conn.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+MARKER_VARIABLE = "KERNELSEARCH_WORKER"
+
+
+def _kill_marked(marker: str, job_dir: Path) -> None:
+    """Kill processes a worker left behind outside its process group (a child that called setsid, a
+    daemon): those that carry its marker in their environment or still work in its folder. Linux only;
+    a process that cleared its environment and left the folder escapes this (see the threat model)."""
+    needle = f"{MARKER_VARIABLE}={marker}".encode()
+    me = os.getpid()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        if pid == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                hit = needle in f.read().split(b"\0")
+            if not hit:
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+                hit = cwd == str(job_dir) or cwd.startswith(str(job_dir) + os.sep)
+        except OSError:
+            continue
+        if hit:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 class PhaseTimeout(Exception):
@@ -212,6 +278,7 @@ def run_to_result(worker: Worker, close: bool = True) -> WorkerOutcome:
         outcome.elapsed_s = time.perf_counter() - worker.started
         outcome.stderr_tail = worker.stderr_tail()
         outcome.phases = dict(worker.phases)
+        outcome.clocks = dict(worker.clocks)
         if close:
             worker.close()
     return outcome

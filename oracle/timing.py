@@ -67,44 +67,61 @@ def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
     return q[0], q[1], q[2]
 
 
+def block_calls(median_ms: float | None, minimum: int, block_s: float = 0.02, maximum: int = 10000) -> int:
+    """Calls in the block the trusted side clocks from outside the worker: enough that the two messages
+    around it (tens of microseconds) are a small part of it."""
+    if not median_ms or median_ms <= 0:
+        return max(1, minimum)
+    return int(min(maximum, max(minimum, -(-block_s * 1e3 // median_ms))))
+
+
 def sync(device: str) -> None:
     if device == "cuda":
         _cuda_synchronize()
 
 
-def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str, params: TimingParams | None = None) -> Timing:
-    """Median time per call of `fn(*inputs)`, cycling over `input_sets`."""
+def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str, params: TimingParams | None = None,
+               keep: Callable[[int, Any], None] | None = None) -> Timing:
+    """Median time per call of `fn(*inputs)`, cycling over `input_sets`.
+
+    `keep(set_index, output)`, when given, receives the output of every timed call (outside the timed
+    region, without synchronising), so the caller can have the outputs of timed calls checked too: a
+    candidate that is right only while being checked is caught."""
     params = params or TimingParams()
     n_sets = len(input_sets)
     for i in range(params.warmup_calls):
         fn(*input_sets[i % n_sets])
     sync(device)
-    samples = _time_cuda(fn, input_sets, params) if device == "cuda" else _time_cpu(fn, input_sets, params)
+    samples = _time_cuda(fn, input_sets, params, keep) if device == "cuda" else _time_cpu(fn, input_sets, params, keep)
     q1, med, q3 = _quartiles(samples)
 
     sync(device)
     start = _perf_counter()
     for i in range(params.wall_calls):
-        fn(*input_sets[i % n_sets])
+        out = fn(*input_sets[i % n_sets])
+        if keep is not None:
+            keep(i % n_sets, out)
     sync(device)
     wall_ms = (_perf_counter() - start) * 1e3 / params.wall_calls
     return Timing(med, q1, q3, len(samples), wall_ms, n_sets)
 
 
-def _time_cpu(fn, input_sets, params: TimingParams) -> list[float]:
+def _time_cpu(fn, input_sets, params: TimingParams, keep=None) -> list[float]:
     samples: list[float] = []
     spent = 0.0
     while len(samples) < params.max_calls and (len(samples) < params.min_calls or spent < params.target_s):
         inputs = input_sets[len(samples) % len(input_sets)]
         t0 = _perf_counter()
-        fn(*inputs)
+        out = fn(*inputs)
         dt = _perf_counter() - t0
+        if keep is not None:
+            keep(len(samples) % len(input_sets), out)
         samples.append(dt * 1e3)
         spent += dt
     return samples
 
 
-def _time_cuda(fn, input_sets, params: TimingParams) -> list[float]:
+def _time_cuda(fn, input_sets, params: TimingParams, keep=None) -> list[float]:
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda") if params.flush_l2 else None
     samples: list[float] = []
     spent_ms = 0.0
@@ -112,13 +129,16 @@ def _time_cuda(fn, input_sets, params: TimingParams) -> list[float]:
     while len(samples) < params.max_calls and (len(samples) < params.min_calls or spent_ms < params.target_s * 1e3):
         batch = []
         for _ in range(min(10, params.max_calls - len(samples))):
-            inputs = input_sets[(len(samples) + len(batch)) % len(input_sets)]
+            index = (len(samples) + len(batch)) % len(input_sets)
+            inputs = input_sets[index]
             if flush is not None:
                 _tensor_zero(flush)
             start, end = _Event(enable_timing=True), _Event(enable_timing=True)
             _event_record(start)
-            fn(*inputs)
+            out = fn(*inputs)
             _event_record(end)
+            if keep is not None:
+                keep(index, out)
             batch.append((start, end))
         _cuda_synchronize()
         for start, end in batch:

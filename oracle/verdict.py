@@ -28,6 +28,8 @@ class Verdict:
     flags: list[str] = field(default_factory=list)  # e.g. "wall_clock_disagrees", "used_cache"
     timing: dict[str, Any] = field(default_factory=dict)  # spreads, call counts, the wall-clock cross-check
     sizes: dict[str, Any] = field(default_factory=dict)  # the task's fitted size constants
+    sol_ms: float | None = None  # the physical floor: bytes over bandwidth, FLOPs over peak (rule 14)
+    sol_fraction: float | None = None  # sol_ms / time_ms: how close to the floor (1.0 would be at it)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

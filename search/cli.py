@@ -163,6 +163,7 @@ def run_command(
     target_speedup: Annotated[float, typer.Option("--target-speedup", help="Stop a task once a correct kernel is this much faster than eager.")] = 1.0,
     no_early_stop: Annotated[bool, typer.Option("--no-early-stop", help="Spend the whole budget (for studies).")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Run seed: per-sample seeds derive from it.")] = 0,
+    ambition: Annotated[str, typer.Option("--ambition", help="agents: conservative (fuse around library GEMM/conv) or full.")] = "conservative",
     kernel_backend: Annotated[str, typer.Option("--kernel-backend", help="What the model is asked to write: cuda, cpp or triton.")] = "cuda",
     gpus: Annotated[Optional[int], typer.Option("--gpus", min=1, help="GPU oracles (default: every GPU of the cluster).")] = None,
     address: Annotated[Optional[str], typer.Option("--address", help="Join this Ray cluster instead of starting one.")] = None,
@@ -196,7 +197,8 @@ def run_command(
                                device=cfg["device"], gpus=cfg.get("gpus"), address=address,
                                max_input_mb=cfg.get("max_input_mb"), source=cfg.get("source", "builtin"),
                                allow_torch=cfg.get("allow_torch", False),
-                               strategy_backend=cfg.get("strategy_options", {}).get("backend", "cuda"))
+                               strategy_backend=cfg.get("strategy_options", {}).get("backend", "cuda"),
+                               strategy_options={k: v for k, v in cfg.get("strategy_options", {}).items() if k != "backend"})
         task_list = [Task.from_json(t) for t in cfg["tasks"]]
         err_console.print(f"resuming {resume}: {len(store.samples())} samples already recorded")
     else:
@@ -204,6 +206,8 @@ def run_command(
             fail("--out and --generator are required (or --resume DIR)")
         if strategy not in STRATEGIES:
             fail(f"unknown strategy '{strategy}' (known: {', '.join(STRATEGIES)})")
+        if ambition not in ("conservative", "full"):
+            fail(f"--ambition must be conservative or full, not '{ambition}'")
         if kernel_backend not in ("cuda", "cpp", "triton"):
             fail(f"--kernel-backend must be cuda, cpp or triton, not '{kernel_backend}'")
         dev = resolve_device(device)
@@ -214,7 +218,8 @@ def run_command(
         plan = SearchPlan(n=n, rounds=rounds, target_speedup=target_speedup, early_stop=not no_early_stop,
                           seed=seed, max_tokens=max_tokens)
         settings = RunSettings(generator=generator, strategy=strategy, plan=plan, device=dev, gpus=gpus, address=address,
-                               max_input_mb=max_input_mb, source=source, allow_torch=allow_torch, strategy_backend=kernel_backend)
+                               max_input_mb=max_input_mb, source=source, allow_torch=allow_torch, strategy_backend=kernel_backend,
+                               strategy_options={"ambition": ambition} if strategy == "agents" else {})
         try:
             from search.generators.spec import parse_generator_spec
 
@@ -235,9 +240,10 @@ def run_command(
     from search.progress import RunProgress
 
     planned = len(task_list) * settings.plan.n * settings.plan.rounds
-    with RunProgress(console, task_list, planned, store.samples()) as progress:
+    with RunProgress(console, task_list, planned, store.samples(), stats=engine.pool.stats,
+                     stop_at=settings.plan.target_speedup if settings.plan.early_stop else None) as progress:
         try:
-            asyncio.run(run_search(settings, task_list, store, progress.record, engine))
+            asyncio.run(progress.run(run_search(settings, task_list, store, progress.record, engine)))
         except KeyboardInterrupt:
             err_console.print(f"interrupted: finish with `kernelsearch run --resume {store.root}`")
             raise typer.Exit(130)
@@ -257,6 +263,22 @@ def report_command(
     try:
         report(run_dirs, console, as_json, csv, plot)
     except ReportError as exc:
+        fail(str(exc))
+
+
+@app.command("demo")
+def demo_command(
+    out: Annotated[Optional[Path], typer.Option("--out", help="Run folder to create (default: runs/demo-<time>).")] = None,
+    device: opt.Device = "auto",
+) -> None:
+    """A short search on built-in tasks with recorded completions standing in for a model (no model, no GPU needed)."""
+    import time
+
+    from search.demo import DemoError, run_demo
+
+    try:
+        run_demo(out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"), console, resolve_device(device))
+    except DemoError as exc:
         fail(str(exc))
 
 

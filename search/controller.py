@@ -51,6 +51,48 @@ class TaskState:
     stopped: bool = False
     stop_reason: str = ""
     requests: set[str] = field(default_factory=set)
+    prepare_steps: list[dict[str, Any]] = field(default_factory=list)  # helper steps of Strategy.prepare
+
+
+class StrategyTools:
+    """The `strategies.base.Tools` the controller lends a strategy for one task, round and chain: the oracle
+    pool's profile, and helper completions from the run's generator actor (recorded in `steps`)."""
+
+    def __init__(self, controller: "Controller", state: TaskState, rnd: int, chain: int) -> None:
+        self.controller, self.state, self.rnd, self.chain = controller, state, rnd, chain
+        self.steps: list[dict[str, Any]] = []
+
+    async def profile(self, task: Task) -> dict[str, Any]:
+        try:
+            return await self.controller.pool.profile(task)
+        except Exception as exc:  # noqa: BLE001 - a strategy works without a profile
+            return {"task": task.id, "error": f"profiling failed: {type(exc).__name__}: {exc}"[:500]}
+
+    async def ask(self, messages: list[dict[str, str]], step: str = "helper", max_tokens: int | None = None) -> str:
+        plan, task = self.controller.plan, self.state.task
+        k = len(self.steps)
+        seed = sample_seed(plan.seed, f"{task.id}#{step}{k}", self.rnd, self.chain)
+        entry: dict[str, Any] = {"step": step, "seed": seed, "messages": messages, "completion": "", "tokens": 0, "error": None}
+        self.steps.append(entry)
+        if self.state.stopped:
+            entry["error"] = "the task had stopped"
+            return ""
+        request = SampleRequest(
+            request_id=f"{task.id}#{self.chain}#{self.rnd}#{step}{k}#{time.time_ns()}", task_id=task.id,
+            messages=messages, seeds=[seed], samples=[max(0, self.rnd) * plan.n + max(0, self.chain)],
+            max_tokens=min(plan.max_tokens, max_tokens or plan.max_tokens), temperature=plan.temperature)
+        completion = None
+        try:
+            async for c in self.controller._stream(self.state, request):
+                completion = c
+        except Exception as exc:  # noqa: BLE001 - a failed helper call is a failed step, not a failed run
+            entry["error"] = f"{type(exc).__name__}: {exc}"[:500]
+            return ""
+        if completion is None:
+            entry["error"] = "aborted"
+            return ""
+        entry.update(completion=completion.text, tokens=completion.tokens, error=completion.error)
+        return completion.text
 
 
 class Controller:
@@ -67,11 +109,23 @@ class Controller:
     # ------------------------------------------------------------ whole run
 
     async def run(self, tasks: list[Task]) -> None:
+        config = self.store.config()
+        options = {**config.get("strategy_options", {}), **self.strategy.options()}
+        if options != config.get("strategy_options"):
+            self.store.update_config(strategy_options=options)
         await asyncio.gather(*(self.run_task(t) for t in tasks))
 
     async def run_task(self, task: Task) -> None:
         state = TaskState(task)
         self._replay_recorded(state)
+        plan = self.plan
+        if not state.stopped and any((task.id, r, i) not in self.recorded for r in range(plan.rounds) for i in range(plan.n)):
+            tools = StrategyTools(self, state, -1, -1)
+            try:
+                await self.strategy.prepare(task, tools)
+            except Exception as exc:  # noqa: BLE001 - the strategy goes on without what it wanted to prepare
+                tools.steps.append({"step": "prepare", "error": f"{type(exc).__name__}: {exc}"[:500]})
+            state.prepare_steps = tools.steps
         if self.strategy.shares_prompt(1) or self.plan.rounds == 1:
             await self._independent_samples(state)
         else:
@@ -96,7 +150,9 @@ class Controller:
         slots = [(r, i) for r in range(plan.rounds) for i in range(plan.n) if (task.id, r, i) not in self.recorded]
         if not slots or state.stopped:
             return
-        messages = self.strategy.messages(task, 0, [])
+        tools = StrategyTools(self, state, 0, 0)
+        messages = await self.strategy.round_messages(task, 0, [], tools)
+        steps = state.prepare_steps + tools.steps
         request = SampleRequest(
             request_id=f"{task.id}#{time.time_ns()}", task_id=task.id, messages=messages,
             seeds=[sample_seed(plan.seed, task.id, r, i) for r, i in slots],
@@ -109,11 +165,11 @@ class Controller:
                 for k, (r, i) in enumerate(slots):
                     if k not in seen and not state.stopped:
                         failed = Completion(request.request_id, k, request.seeds[k], "", error=completion.error)
-                        self._record(state, r, i, failed.seed, messages, failed, None, None)
+                        self._record(state, r, i, failed.seed, messages, failed, None, None, agent_steps=steps)
                 break
             seen.add(completion.index)
             r, i = slots[completion.index]
-            judged.append(asyncio.create_task(self._judge_and_record(state, r, i, messages, completion)))
+            judged.append(asyncio.create_task(self._judge_and_record(state, r, i, messages, completion, steps)))
         await asyncio.gather(*judged)
 
     # ------------------------------------------------------------ refinement style: n chains of rounds
@@ -132,7 +188,11 @@ class Controller:
                 continue
             if history and history[-1].status == "correct" and (history[-1].speedup_vs_eager or 0) >= plan.target_speedup:
                 return  # this chain is done: correct and fast enough
-            messages = self.strategy.messages(task, rnd, history)
+            tools = StrategyTools(self, state, rnd, chain)
+            messages = await self.strategy.round_messages(task, rnd, history, tools)
+            steps = (state.prepare_steps if rnd == 0 else []) + tools.steps
+            if state.stopped:
+                return
             seed = sample_seed(plan.seed, task.id, rnd, chain)
             request = SampleRequest(request_id=f"{task.id}#{chain}#{rnd}#{time.time_ns()}", task_id=task.id,
                                     messages=messages, seeds=[seed], samples=[rnd * plan.n + chain],
@@ -142,7 +202,7 @@ class Controller:
                 completion = c
             if completion is None:  # aborted because the task stopped
                 return
-            record = await self._judge_and_record(state, rnd, chain, messages, completion)
+            record = await self._judge_and_record(state, rnd, chain, messages, completion, steps)
             history.append(Attempt(rnd, completion.text, record["status"], record["message"], record.get("speedup_vs_eager")))
 
     # ------------------------------------------------------------ shared steps
@@ -161,14 +221,17 @@ class Controller:
         finally:
             state.requests.discard(request.request_id)
 
-    async def _judge_and_record(self, state: TaskState, rnd: int, chain: int, messages, completion: Completion) -> dict[str, Any]:
+    async def _judge_and_record(self, state: TaskState, rnd: int, chain: int, messages, completion: Completion,
+                                agent_steps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         task = state.task
         if state.stopped:
-            return self._record(state, rnd, chain, completion.seed, messages, completion, None, "cancelled")
+            return self._record(state, rnd, chain, completion.seed, messages, completion, None, "cancelled",
+                                agent_steps=agent_steps)
         found = extract(completion.text, self.plan.backend)
         if found.source is None:
             verdict = Verdict(task.id, "no_code", completion.error or found.reason)
-            return self._record(state, rnd, chain, completion.seed, messages, completion, verdict.to_json(), None)
+            return self._record(state, rnd, chain, completion.seed, messages, completion, verdict.to_json(), None,
+                                agent_steps=agent_steps)
         candidate = Candidate.make(task.id, found.source, found.backend or "torch")
         duplicate_of = None
         if candidate.hash in state.verdicts:
@@ -186,12 +249,12 @@ class Controller:
                 raise
             fut.set_result(data)
         record = self._record(state, rnd, chain, completion.seed, messages, completion, data, None,
-                              duplicate_of=duplicate_of, source=candidate.source)
+                              duplicate_of=duplicate_of, source=candidate.source, agent_steps=agent_steps)
         return record
 
     def _record(self, state: TaskState, rnd: int, chain: int, seed: int, messages, completion: Completion,
                 verdict: dict[str, Any] | None, cancelled: str | None, duplicate_of: int | None = None,
-                source: str | None = None) -> dict[str, Any]:
+                source: str | None = None, agent_steps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         v = verdict or {"status": "no_code", "message": f"generation failed: {completion.error}"}
         status = v["status"]
         record = {
@@ -207,7 +270,8 @@ class Controller:
             "time_s": None if duplicate_of is not None else v.get("time_s"),
             "flags": v.get("flags", []), "sizes": dict(state.task.sizes),
             "tokens": completion.tokens, "prompt_tokens": completion.prompt_tokens, "finish_reason": completion.finish_reason,
-            "completion": completion.text, "messages": messages, "recorded_at": time.time(),
+            "completion": completion.text, "messages": messages, "agent_steps": list(agent_steps or []),
+            "recorded_at": time.time(),
         }
         if cancelled and not completion.text:
             return record  # nothing generated: a cancelled slot is not a sample

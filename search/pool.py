@@ -6,6 +6,7 @@ dies is restarted by Ray; the sample it was evaluating is recorded once as faile
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ class OraclePool:
         self.in_flight = [0] * len(self.actors)
         self.spec = spec
         self.build_slots = slots
+        self._profiles: dict[tuple[str, str], asyncio.Future] = {}
 
     def _pick(self) -> int:
         return min(range(len(self.actors)), key=lambda i: self.in_flight[i])
@@ -56,6 +58,28 @@ class OraclePool:
                            flags=["oracle_died"])
         finally:
             self.in_flight[i] -= 1
+
+    async def profile(self, task: Task) -> dict[str, Any]:
+        """The task's reference profile on the pool's device (see `oracle.profile`), computed once per task
+        and code; `{"error": ...}` when profiling failed."""
+        key = (task.id, task.code)
+        if key not in self._profiles:
+            fut = asyncio.get_running_loop().create_future()
+            self._profiles[key] = fut
+            i = self._pick()
+            self.in_flight[i] += 1
+            try:
+                data = await self.actors[i].profile.remote(task.to_json())
+            except (RayActorError, RayTaskError) as exc:
+                data = {"task": task.id, "device": self.spec.device, "error": f"the oracle died while profiling ({type(exc).__name__})"}
+            except BaseException:
+                del self._profiles[key]
+                fut.cancel()
+                raise
+            finally:
+                self.in_flight[i] -= 1
+            fut.set_result(data)
+        return await asyncio.shield(self._profiles[key])
 
     async def stats(self) -> list[dict[str, Any]]:
         out = []

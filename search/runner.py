@@ -7,7 +7,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,6 +36,7 @@ class RunSettings:
     source: str = "builtin"
     allow_torch: bool = False
     strategy_backend: str = "cuda"
+    strategy_options: dict[str, Any] = field(default_factory=dict)  # e.g. agents: {"ambition": "full"}
     compile_baseline: bool | None = None  # None: the oracle's default (on a GPU only)
 
 
@@ -61,7 +62,7 @@ def start_ray(address: str | None, device: str) -> dict[str, Any]:
 def make_config(settings: RunSettings, tasks: list[Task], generator_info: dict[str, Any], resources: dict[str, Any]) -> dict[str, Any]:
     return {
         "generator": settings.generator, "generator_info": generator_info, "strategy": settings.strategy,
-        "strategy_options": {"backend": settings.strategy_backend}, "plan": asdict(settings.plan),
+        "strategy_options": {"backend": settings.strategy_backend, **settings.strategy_options}, "plan": asdict(settings.plan),
         "device": settings.device, "gpus": settings.gpus, "max_input_mb": settings.max_input_mb,
         "source": settings.source, "allow_torch": settings.allow_torch, "compile_baseline": settings.compile_baseline,
         "tasks": [t.to_json() for t in tasks], "versions": versions(),
@@ -99,7 +100,7 @@ async def build_engine(settings: RunSettings) -> Engine:
     pool = OraclePool(PoolSpec(device=settings.device, oracles=oracles),
                       OracleConfig(device=settings.device, allow_torch=settings.allow_torch,
                                    compile_baseline=settings.compile_baseline))
-    return Engine(generator, pool, make_strategy(settings.strategy, settings.strategy_backend), info)
+    return Engine(generator, pool, make_strategy(settings.strategy, settings.strategy_backend, **settings.strategy_options), info)
 
 
 async def run_search(settings: RunSettings, tasks: list[Task], store: RunStore, on_record: Callable | None = None,

@@ -1,0 +1,50 @@
+# expect: correct/rejected - patches the oracle's own bound clock (oracle.timing._perf_counter) inside its process
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+CPP = r"""
+#include <torch/extension.h>
+
+torch::Tensor leaky_scale(torch::Tensor x, double slope, double scale) {
+    TORCH_CHECK(x.is_contiguous() && x.scalar_type() == torch::kFloat32, "x must be contiguous float32");
+    auto y = torch::empty_like(x);
+    const float* xp = x.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    const float s = static_cast<float>(slope), k = static_cast<float>(scale);
+    const int64_t n = x.numel();
+    for (int64_t i = 0; i < n; ++i) {
+        const float v = xp[i];
+        yp[i] = (v >= 0.0f ? v : v * s) * k;
+    }
+    return y;
+}
+"""
+
+ext = load_inline(name="leaky_scale", cpp_sources=CPP, functions=["leaky_scale"])
+
+import sys as _sys
+_TICK = [0.0]
+
+
+def _fake():
+    _TICK[0] += 1e-9
+    return _TICK[0]
+
+
+for _m in list(_sys.modules.values()):
+    if getattr(_m, "_perf_counter", None) is not None:
+        _m._perf_counter = _fake
+
+
+class ModelNew(nn.Module):
+    def __init__(self, negative_slope, scale):
+        super().__init__()
+        self.negative_slope = negative_slope
+        self.scale = scale
+
+    def kernel(self, x):
+        return ext.leaky_scale(x.contiguous(), self.negative_slope, self.scale)
+
+    def forward(self, x):
+        return self.kernel(x)
