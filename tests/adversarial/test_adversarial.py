@@ -94,7 +94,10 @@ def test_cheat_is_caught(oracle, task, honest, path):
     assert v.status in allowed, f"{path.name}: got {v.status}: {v.message}"
     if v.status == "correct":  # allowed only where the cheat is harmless: then the speed must be honest
         # (cheats that beat the clock gain 10x-1000x; a shared 2-core machine varies by ~3x between runs)
-        assert v.time_ms >= 0.2 * honest.time_ms, f"{path.name}: inflated speed {v.time_ms} ms vs honest {honest.time_ms} ms"
+        # The honest time is taken as the faster of the module's first measurement and one made just now, so a
+        # burst of load during either does not pass for a cheat.
+        honest_ms = min(honest.time_ms, oracle.evaluate(task, CORRECT.read_text()).time_ms or honest.time_ms)
+        assert v.time_ms >= 0.2 * honest_ms, f"{path.name}: inflated speed {v.time_ms} ms vs honest {honest_ms} ms"
         assert v.sol_ms and v.time_ms >= v.sol_ms
     if path.stem == "adv_orphan_child":
         pids = [int(p) for p in ORPHAN_PIDS.read_text().split()]
