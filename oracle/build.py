@@ -142,7 +142,7 @@ def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord) 
         for k in ("extra_cflags", "extra_cuda_cflags"):
             if call.get(k) is None:
                 call[k] = list(BUILD_FLAGS["cflags" if k == "extra_cflags" else "cuda_cflags"])
-        if original is cpp.load or original is original_load:  # sources are files: key their contents
+        if original is original_load:  # sources are files: key their contents
             call["_contents"] = [Path(p).read_text(errors="replace") for p in _as_list(call.get("sources"))]
         key = extension_key(call, gpu_arch)
         call.pop("_contents", None)

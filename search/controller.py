@@ -105,6 +105,7 @@ class Controller:
         self.store = store
         self.on_record = on_record or (lambda record: None)
         self.recorded = {(r["task"], r["round"], r["sample"]): r for r in store.samples()}
+        self.oracle_slots = asyncio.Semaphore(pool.capacity)  # no more in flight than the oracles can work on
 
     # ------------------------------------------------------------ whole run
 
@@ -233,24 +234,36 @@ class Controller:
             return self._record(state, rnd, chain, completion.seed, messages, completion, verdict.to_json(), None,
                                 agent_steps=agent_steps)
         candidate = Candidate.make(task.id, found.source, found.backend or "torch")
+        data = None
+        if candidate.hash not in state.verdicts:
+            # Queued work waits here, in the driver, for a free oracle slot: a task that stops meanwhile drops it.
+            async with self.oracle_slots:
+                if state.stopped:
+                    return self._record(state, rnd, chain, completion.seed, messages, completion, None, "cancelled",
+                                        agent_steps=agent_steps)
+                if candidate.hash not in state.verdicts:
+                    data = await self._evaluate_new(state, candidate, rnd * self.plan.n + chain)
         duplicate_of = None
-        if candidate.hash in state.verdicts:
+        if data is None:
             duplicate_of = state.first_sample.get(candidate.hash)
             data = await state.verdicts[candidate.hash]
-        else:
-            fut = asyncio.get_running_loop().create_future()
-            state.verdicts[candidate.hash] = fut
-            state.first_sample[candidate.hash] = rnd * self.plan.n + chain
-            try:
-                data = (await self.pool.evaluate(task, candidate)).to_json()
-            except BaseException:
-                del state.verdicts[candidate.hash]
-                fut.cancel()
-                raise
-            fut.set_result(data)
         record = self._record(state, rnd, chain, completion.seed, messages, completion, data, None,
                               duplicate_of=duplicate_of, source=candidate.source, agent_steps=agent_steps)
         return record
+
+    async def _evaluate_new(self, state: TaskState, candidate: Candidate, sample_number: int) -> dict[str, Any]:
+        """Judge a candidate not seen before in this task; later samples with its hash await the same verdict."""
+        fut = asyncio.get_running_loop().create_future()
+        state.verdicts[candidate.hash] = fut
+        state.first_sample[candidate.hash] = sample_number
+        try:
+            data = (await self.pool.evaluate(state.task, candidate)).to_json()
+        except BaseException:
+            del state.verdicts[candidate.hash]
+            fut.cancel()
+            raise
+        fut.set_result(data)
+        return data
 
     def _record(self, state: TaskState, rnd: int, chain: int, seed: int, messages, completion: Completion,
                 verdict: dict[str, Any] | None, cancelled: str | None, duplicate_of: int | None = None,

@@ -41,6 +41,11 @@ class OraclePool:
         self.build_slots = slots
         self._profiles: dict[tuple[str, str], asyncio.Future] = {}
 
+    @property
+    def capacity(self) -> int:
+        """Candidates the pool can work on at once: every actor's build slots and its timing slot."""
+        return len(self.actors) * (self.build_slots + 1)
+
     def _pick(self) -> int:
         return min(range(len(self.actors)), key=lambda i: self.in_flight[i])
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import ray

@@ -303,6 +303,8 @@ class StubGenerator:
 class StubPool:
     """Looks like an OraclePool: verdicts from `judge(source)`, a fixed profile."""
 
+    capacity = 4
+
     def __init__(self, judge):
         self.judge = judge
         self.profiles = 0
