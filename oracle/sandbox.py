@@ -200,16 +200,31 @@ class Worker:
             return ""
 
     def close(self) -> None:
-        """Kill the worker's whole process group and remove its folder."""
+        """Kill the worker, everything it started, and remove its folder.
+
+        Descendants are killed while the worker still lives, so a child caught between `fork` and `exec`
+        (not yet carrying the marker, maybe already out of the folder and the process group) is still
+        found as the worker's child; the marker scan runs again after the worker is gone, for those that
+        were exec-ing at that moment."""
         pid = self.process.pid
         if pid:
+            for _ in range(3):
+                left = _descendants(pid) | _marked(self.marker, self.dir)
+                if not left:
+                    break
+                _kill_all(left)
             for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
                 try:
                     kill()
                 except (ProcessLookupError, PermissionError):
                     pass
         self.process.join(timeout=5)
-        _kill_marked(self.marker, self.dir)
+        for attempt in range(3):
+            left = _marked(self.marker, self.dir)
+            _kill_all(left)
+            if not left and attempt:
+                break
+            time.sleep(0.05)
         self.conn.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -217,17 +232,41 @@ class Worker:
 MARKER_VARIABLE = "KERNELSEARCH_WORKER"
 
 
-def _kill_marked(marker: str, job_dir: Path) -> None:
-    """Kill processes a worker left behind outside its process group (a child that called setsid, a
-    daemon): those that carry its marker in their environment or still work in its folder. Linux only;
-    a process that cleared its environment and left the folder escapes this (see the threat model)."""
+def _pids() -> list[int]:
+    try:
+        return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+
+
+def _descendants(root: int) -> set[int]:
+    """Every process below `root` in the process tree, from /proc (Linux; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for pid in _pids():
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _marked(marker: str, job_dir: Path) -> set[int]:
+    """Processes a worker left behind outside its process tree (a child that called setsid, a daemon whose
+    parent exited): those that carry its marker in their environment or still work in its folder. Linux
+    only; a process that cleared its environment and left the folder escapes this (see the threat model)."""
     needle = f"{MARKER_VARIABLE}={marker}".encode()
     me = os.getpid()
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return
-    for pid in pids:
+    found: set[int] = set()
+    for pid in _pids():
         if pid == me:
             continue
         try:
@@ -239,10 +278,16 @@ def _kill_marked(marker: str, job_dir: Path) -> None:
         except OSError:
             continue
         if hit:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            found.add(pid)
+    return found
+
+
+def _kill_all(pids: set[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 class PhaseTimeout(Exception):
