@@ -10,7 +10,12 @@ imported. Inside a worker, `install_build_hooks` wraps that call so that
   in the build folder or in the process's module table);
 - only the present GPU's architecture is targeted, and the time spent compiling is recorded;
 - the functions of the built module count their calls, which is how the oracle knows the candidate ran
-  code of its own (rule 11).
+  code of its own (rule 11);
+- two cuts to a cold build's time, both invisible in the binary's behaviour: the C++ half uses a
+  precompiled `torch/extension.h` when one exists for its flags (`oracle.pch`), and CUDA sources that
+  include `torch/extension.h` only for tensors compile against the lighter `torch/types.h` (the pybind11
+  and C++-frontend half of that header is what nvcc's three passes over it spend most of their time on);
+  if that fails to compile, the source is built as written.
 """
 
 from __future__ import annotations
@@ -89,6 +94,9 @@ class BuildRecord:
     compiled: bool = False  # something was actually compiled (not found in the cache)
     error: str | None = None  # the compiler's first errors, trimmed
     calls: dict[str, int] = field(default_factory=dict)  # extension function -> calls made
+    pch_used: bool = False  # a C++ half was compiled against a precompiled header
+    pch_wanted: list[dict[str, Any]] = field(default_factory=list)  # PchSpec.to_json() of headers to make
+    light_include: bool | None = None  # CUDA sources built against torch/types.h (None: not tried)
 
 
 class BuildFailed(Exception):
@@ -125,8 +133,26 @@ class _CountingModule:
         return counted
 
 
-def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord) -> None:
-    """Patch `load_inline`/`load` in this (worker) process to build into the keyed cache folders."""
+FULL_HEADER = "#include <torch/extension.h>"
+LIGHT_HEADER = "#include <torch/types.h>"
+# Errors that say a declaration is missing: what the lighter header can cause and the full one cures.
+MISSING_DECLARATION = ("has no member", "is undefined", "was not declared", "not a member", "incomplete type",
+                       "No such file", "is not a template", "undefined reference", "no instance of")
+
+
+def lighten_cuda_sources(sources: list[str]) -> list[str] | None:
+    """The CUDA sources with `torch/extension.h` replaced by `torch/types.h`, or None when that cannot help
+    (the header is not included) or may not be enough (the source binds functions to Python itself)."""
+    if not any(FULL_HEADER in s for s in sources):
+        return None
+    if any("PYBIND11" in s or "pybind11" in s or "py::" in s or "TORCH_LIBRARY" in s for s in sources):
+        return None
+    return [s.replace(FULL_HEADER, LIGHT_HEADER) for s in sources]
+
+
+def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord, pch: Path | None = None) -> None:
+    """Patch `load_inline`/`load` in this (worker) process to build into the keyed cache folders.
+    `pch`: the folder of precompiled headers (`oracle.pch`), or None to build without them."""
     import inspect
 
     import torch.utils.cpp_extension as cpp
@@ -151,16 +177,28 @@ def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord) 
         build_dir.mkdir(parents=True, exist_ok=True)
         call.update(name=unique, build_directory=str(build_dir), verbose=False)
         before = _newest_library(build_dir)
+        choices = _build_choices(build_dir, call, original is original_inline, pch, record)
         t0 = time.perf_counter()
         try:
-            module = original(**call)
+            module = original(**_apply_choices(call, choices))
         except Exception as exc:  # noqa: BLE001 - the compiler's message is the useful part
-            record.error = trim_compiler_output(str(exc))
-            raise BuildFailed(record.error) from None
+            text = str(exc)
+            if not (choices.get("light") and any(m in text for m in MISSING_DECLARATION)):
+                record.error = trim_compiler_output(text)
+                raise BuildFailed(record.error) from None
+            choices["light"] = False  # the lighter header was not enough: build the source as written
+            _save_choices(build_dir, choices)
+            try:
+                module = original(**_apply_choices(call, choices))
+            except Exception as exc2:  # noqa: BLE001
+                record.error = trim_compiler_output(str(exc2))
+                raise BuildFailed(record.error) from None
+        record.light_include = choices.get("light") if record.light_include is None else record.light_include
         after = _newest_library(build_dir)
         if after != before:
             record.compiled = True
             record.build_s += time.perf_counter() - t0
+            record.pch_used = record.pch_used or bool(choices.get("pch"))
         record.extensions.append(unique)
         if call.get("is_python_module", True) is False:
             return module
@@ -174,6 +212,48 @@ def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord) 
 
     cpp.load_inline = load_inline
     cpp.load = load
+
+
+def _build_choices(build_dir: Path, call: dict[str, Any], inline: bool, pch: Path | None,
+                   record: BuildRecord) -> dict[str, Any]:
+    """How this extension is compiled: decided once, when its folder is first built, and kept in the folder.
+    A later import must pass the same flags and sources, or ninja would rebuild it."""
+    saved = build_dir / "choices.json"
+    if saved.exists() and _newest_library(build_dir) is not None:
+        try:
+            return json.loads(saved.read_text())
+        except (OSError, ValueError):
+            return {}
+    choices: dict[str, Any] = {}
+    cuda_sources = _as_list(call.get("cuda_sources")) if inline else []
+    if cuda_sources and lighten_cuda_sources(cuda_sources) is not None:
+        choices["light"] = True
+    if pch is not None and inline:
+        from oracle.pch import header_folder, is_ready, spec_for
+
+        spec = spec_for(call.get("extra_cflags"), call.get("extra_include_paths"), with_cuda=bool(cuda_sources))
+        if spec is not None and is_ready(pch, spec):
+            choices["pch"] = str(header_folder(pch, spec))
+        elif spec is not None:
+            record.pch_wanted.append(spec.to_json())
+    _save_choices(build_dir, choices)
+    return choices
+
+
+def _save_choices(build_dir: Path, choices: dict[str, Any]) -> None:
+    (build_dir / "choices.json").write_text(json.dumps(choices))
+
+
+def _apply_choices(call: dict[str, Any], choices: dict[str, Any]) -> dict[str, Any]:
+    out = dict(call)
+    if choices.get("pch"):
+        # -I folders are searched before PyTorch's -isystem ones, so gcc meets the .gch first
+        out["extra_cflags"] = [*_as_list(call.get("extra_cflags")), f"-I{choices['pch']}"]
+    if choices.get("light"):
+        out["cuda_sources"] = lighten_cuda_sources(_as_list(call.get("cuda_sources")))
+    elif choices.get("light") is False:  # built as written after the lighter header failed: its own name, so
+        out["name"] = f"{call['name']}_asis"  # PyTorch does not rename it to `_v1` in this process only
+    return out
 
 
 def _newest_library(folder: Path) -> float | None:

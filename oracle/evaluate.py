@@ -28,6 +28,7 @@ from oracle.build import build_key, cache_root
 from oracle.candidate import Candidate
 from oracle.compare import compare
 from oracle.extract import extract
+from oracle.pch import PchSpec, default_root, request_header
 from oracle.sandbox import PhaseTimeout, Worker, WorkerDied, WorkerOutcome, run_to_result
 from oracle.timing import TimingParams, block_calls
 from oracle.verdict import Verdict
@@ -63,6 +64,8 @@ class OracleConfig:
     compile_timeout_s: float = 600.0
     cache_dir: Path | None = None
     threads: int | None = None  # torch threads in workers (default: every core, the same for candidate and baselines)
+    precompiled_headers: bool = True  # build C++ halves against a precompiled torch/extension.h (oracle.pch)
+    pch_dir: Path | None = None  # where those headers live (default: oracle.pch.default_root())
 
     @property
     def wants_compile(self) -> bool:
@@ -78,6 +81,8 @@ class BuildOutcome:
     build_s: float
     status: str | None = None  # a final verdict status when the build decided it (compile_error, timeout)
     message: str = ""
+    pch_used: bool = False  # the C++ half used a precompiled header
+    light_include: bool | None = None  # CUDA sources built against torch/types.h (None: not applicable)
 
 
 @dataclass
@@ -127,6 +132,7 @@ class Oracle:
         # single-threaded in one run and multi-threaded in the next, under one cache key.
         self.threads = self.config.threads or os.cpu_count() or 1
         self.builds = cache_root(self.config.cache_dir)
+        self.pch = (self.config.pch_dir or default_root()) if self.config.precompiled_headers else None
         self.baselines = self.builds.parent / "baselines"
         self.baselines.mkdir(parents=True, exist_ok=True)
         self._references: OrderedDict[str, Reference] = OrderedDict()
@@ -166,6 +172,7 @@ class Oracle:
             return BuildOutcome(key, key_dir, True, False, 0.0)  # nothing to compile ahead of the run
         key_dir.mkdir(parents=True, exist_ok=True)
         job = {"cache": str(self.builds), "gpu_arch": self.gpu_arch, "candidate_path": "candidate.py",
+               "pch": str(self.pch) if self.pch else None,
                "backend": candidate.backend, "build_timeout_s": self.config.build_timeout_s,
                "max_file_bytes": 2 * MIN_FILE_CAP}  # the extension's .so and the compiler's files fit
         # CUDA hidden: a build slot compiles only, the GPU stays with the timing slot.
@@ -178,13 +185,18 @@ class Oracle:
             return BuildOutcome(key, key_dir, False, False, outcome.elapsed_s, "runtime_error",
                                 f"the build worker {outcome.crashed}: {_last_line(outcome.stderr_tail)}")
         r = outcome.result
+        if self.pch is not None:
+            for wanted in r.get("pch_wanted") or []:  # made beside the search, for the builds after this one
+                request_header(self.pch, PchSpec.from_json(wanted))
         if r["error_kind"] == "compile":
             failed_file.write_text(json.dumps({"message": r["message"], "build_s": r["build_s"]}))
             return BuildOutcome(key, key_dir, False, False, r["build_s"], "compile_error", r["message"])
         if r["error_kind"] is None:
-            ok_file.write_text(json.dumps({"build_s": r["build_s"], "extensions": r["extensions"]}))
+            ok_file.write_text(json.dumps({"build_s": r["build_s"], "extensions": r["extensions"],
+                                           "pch_used": r.get("pch_used", False), "light_include": r.get("light_include")}))
         # An import error that is not the compiler's is left to the run, which imports with the device present.
-        return BuildOutcome(key, key_dir, True, not r["compiled"], r["build_s"])
+        return BuildOutcome(key, key_dir, True, not r["compiled"], r["build_s"], pch_used=bool(r.get("pch_used")),
+                            light_include=r.get("light_include"))
 
     def _unsupported(self, candidate: Candidate) -> str | None:
         if candidate.backend == "torch" and not self.config.allow_torch:
@@ -436,6 +448,7 @@ class Oracle:
             "device": c.device, "task_id": task.id, "codes": reference.codes, "init_seed": c.init_seed,
             "cases": _cases(c, len(reference.codes)), "timing_seeds": list(c.timing_seeds), "timing": c.timing.__dict__,
             "cache": str(self.builds), "gpu_arch": self.gpu_arch, "candidate_path": "candidate.py",
+            "pch": str(self.pch) if self.pch else None,
             "backend": candidate.backend, "import_timeout_s": c.import_timeout_s, "call_timeout_s": c.call_timeout_s,
             "time_timeout_s": c.time_timeout_s, "threads": self.threads,
             # Per file (stderr, output files): room for the outputs, not for filling the disk.

@@ -85,7 +85,7 @@ def build_entry(conn: Connection, job_dir: str) -> None:
     """Import the candidate with CUDA hidden: this compiles its extensions into the cache, nothing runs."""
     job = _enter_worker(Path(job_dir))
     record = BuildRecord()
-    install_build_hooks(Path(job["cache"]), job.get("gpu_arch"), record)
+    install_build_hooks(Path(job["cache"]), job.get("gpu_arch"), record, Path(job["pch"]) if job.get("pch") else None)
     send(conn, phase="build", deadline_s=job["build_timeout_s"])
     error_kind, message = None, ""
     try:
@@ -95,7 +95,8 @@ def build_entry(conn: Connection, job_dir: str) -> None:
     except BaseException as exc:  # noqa: BLE001 - SystemExit too: the candidate's import is foreign code
         error_kind, message = "import", one_line(exc)
     send(conn, result={"extensions": record.extensions, "build_s": record.build_s, "compiled": record.compiled,
-                       "error_kind": error_kind, "message": message})
+                       "error_kind": error_kind, "message": message, "pch_used": record.pch_used,
+                       "pch_wanted": record.pch_wanted, "light_include": record.light_include})
 
 
 def _import_candidate(path: str, backend: str | None) -> Any:
@@ -373,7 +374,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _run_candidate(conn: Connection, job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
     device = job["device"]
     record = BuildRecord()
-    install_build_hooks(Path(job["cache"]), job.get("gpu_arch"), record)
+    install_build_hooks(Path(job["cache"]), job.get("gpu_arch"), record, Path(job["pch"]) if job.get("pch") else None)
     send(conn, phase="import", deadline_s=job["import_timeout_s"])
     module = _import_candidate(job["candidate_path"], job.get("backend"))
     model_cls = getattr(module, "ModelNew", None)

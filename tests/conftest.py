@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# Precompiled headers depend only on the toolchain: every test's oracle, and the runs tests start in
+# subprocesses with their own KERNELSEARCH_CACHE, share one folder of them (each is several hundred MB).
+os.environ.setdefault("KERNELSEARCH_PCH", str(Path.home() / ".cache" / "kernelsearch" / "pch"))
 KERNELBENCH_JSONL = Path(
     os.environ.get("KERNELSEARCH_KERNELBENCH", ROOT.parent / "shared" / "kernelbench" / "kernelbench_levels1-3.jsonl")
 )
