@@ -8,6 +8,7 @@ runs in this actor itself, only in the workers it starts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from typing import Any
@@ -21,8 +22,12 @@ from tasks.model import Task
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
 class OracleActor:
-    def __init__(self, config: OracleConfig, build_slots: int) -> None:
+    def __init__(self, config: OracleConfig, build_slots: int, gate: Any = None, gate_key: str | None = None) -> None:
         self.oracle = Oracle(config)
+        self.gate, self.gate_key = gate, gate_key  # optional: pause generation on a shared GPU while timing
+        self.holder = ray.get_runtime_context().get_actor_id()
+        if gate is not None:  # restarted after dying mid-timing: drop the pause the dead one held
+            gate.forget.remote(self.holder)
         self.build_slots = asyncio.Semaphore(build_slots)
         self.timing_slot = asyncio.Semaphore(1)
         self.busy = {"building": 0, "timing": 0, "queued": 0}
@@ -58,7 +63,7 @@ class OracleActor:
         from oracle.profile import profile_task
 
         task = Task.from_json(task_json)
-        async with self.timing_slot:
+        async with self.timing_slot, self._gated():
             self.busy["timing"] += 1
             t0 = time.perf_counter()
             try:
@@ -69,7 +74,7 @@ class OracleActor:
                 self.gpu_busy_s += time.perf_counter() - t0
 
     async def _on_device(self, fn, *args: Any) -> dict[str, Any]:
-        async with self.timing_slot:
+        async with self.timing_slot, self._gated():
             self.busy["timing"] += 1
             t0 = time.perf_counter()
             try:
@@ -78,6 +83,20 @@ class OracleActor:
                 self.busy["timing"] -= 1
                 self.gpu_busy_s += time.perf_counter() - t0
         return verdict.to_json()
+
+    @contextlib.asynccontextmanager
+    async def _gated(self):
+        """With a timing gate (a generator shares this GPU): generation is paused for the whole slot."""
+        if self.gate is None:
+            yield
+            return
+        with contextlib.suppress(Exception):  # a gate that is gone costs the pause, never the verdict
+            await self.gate.pause.remote(self.gate_key, self.holder)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                await self.gate.resume.remote(self.gate_key, self.holder)
 
     def stats(self) -> dict[str, Any]:
         return {**self.busy, "device_busy_s": self.gpu_busy_s, "build_s": self.build_s,
