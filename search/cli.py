@@ -165,7 +165,10 @@ def run_command(
     seed: Annotated[int, typer.Option("--seed", help="Run seed: per-sample seeds derive from it.")] = 0,
     ambition: Annotated[str, typer.Option("--ambition", help="agents: conservative (fuse around library GEMM/conv) or full.")] = "conservative",
     kernel_backend: Annotated[str, typer.Option("--kernel-backend", help="What the model is asked to write: cuda, cpp or triton.")] = "cuda",
-    gpus: Annotated[Optional[int], typer.Option("--gpus", min=1, help="GPU oracles (default: every GPU of the cluster).")] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", min=1, help="GPU oracles (default: every GPU the generator does not need; all of them when it must share).")] = None,
+    generator_replicas: Annotated[int, typer.Option("--generator-replicas", min=1, help="Data-parallel copies of the generator; samples go to the least busy.")] = 1,
+    tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", min=1, help="GPUs per vLLM replica.")] = 1,
+    share_generator: Annotated[bool, typer.Option("--share-generator", help="Pause generation while an oracle times, even where the generator has GPUs of its own.")] = False,
     address: Annotated[Optional[str], typer.Option("--address", help="Join this Ray cluster instead of starting one.")] = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="Finish an interrupted run in this folder.")] = None,
     allow_torch: Annotated[bool, typer.Option("--allow-torch", help="Accept plain-PyTorch rewrites.")] = False,
@@ -198,7 +201,10 @@ def run_command(
                                max_input_mb=cfg.get("max_input_mb"), source=cfg.get("source", "builtin"),
                                allow_torch=cfg.get("allow_torch", False),
                                strategy_backend=cfg.get("strategy_options", {}).get("backend", "cuda"),
-                               strategy_options={k: v for k, v in cfg.get("strategy_options", {}).items() if k != "backend"})
+                               strategy_options={k: v for k, v in cfg.get("strategy_options", {}).items() if k != "backend"},
+                               generator_replicas=cfg.get("generator_replicas", 1),
+                               tensor_parallel_size=cfg.get("tensor_parallel_size", 1),
+                               share_generator=cfg.get("share_generator", False))
         task_list = [Task.from_json(t) for t in cfg["tasks"]]
         err_console.print(f"resuming {resume}: {len(store.samples())} samples already recorded")
     else:
@@ -219,7 +225,9 @@ def run_command(
                           seed=seed, max_tokens=max_tokens)
         settings = RunSettings(generator=generator, strategy=strategy, plan=plan, device=dev, gpus=gpus, address=address,
                                max_input_mb=max_input_mb, source=source, allow_torch=allow_torch, strategy_backend=kernel_backend,
-                               strategy_options={"ambition": ambition} if strategy == "agents" else {})
+                               strategy_options={"ambition": ambition} if strategy == "agents" else {},
+                               generator_replicas=generator_replicas, tensor_parallel_size=tensor_parallel_size,
+                               share_generator=share_generator)
         try:
             from search.generators.spec import parse_generator_spec
 

@@ -286,6 +286,8 @@ class Controller:
             "completion": completion.text, "messages": messages, "agent_steps": list(agent_steps or []),
             "recorded_at": time.time(),
         }
+        if completion.replica is not None:  # which generator replica wrote it (--generator-replicas)
+            record["replica"] = completion.replica
         if cancelled and not completion.text:
             return record  # nothing generated: a cancelled slot is not a sample
         self.store.append(record)

@@ -18,7 +18,23 @@ from oracle.actor import OracleActor
 from oracle.candidate import Candidate
 from oracle.evaluate import OracleConfig
 from oracle.verdict import Verdict
+from search.placement import ActorPlacement
 from tasks.model import Task
+
+
+def actor_options(p: ActorPlacement, groups: list[Any]) -> dict[str, Any]:
+    """Ray actor options for a placement: its GPUs, its bundle of a placement group, its environment."""
+    options: dict[str, Any] = {}
+    if p.num_gpus:
+        options["num_gpus"] = p.num_gpus
+    if p.group is not None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            groups[p.group], placement_group_bundle_index=p.bundle, placement_group_capture_child_tasks=True)
+    if p.env:
+        options["runtime_env"] = {"env_vars": dict(p.env)}
+    return options
 
 
 @dataclass
@@ -29,13 +45,21 @@ class PoolSpec:
 
 
 class OraclePool:
-    def __init__(self, spec: PoolSpec, config: OracleConfig) -> None:
+    def __init__(self, spec: PoolSpec, config: OracleConfig, placements: list[ActorPlacement] | None = None,
+                 groups: list[Any] | None = None, gate: Any = None) -> None:
+        """placements: per oracle, its GPU request, placement group (an index into `groups`, Ray placement
+        groups) and timing-gate key (see `search.placement`); None: one GPU each on cuda, none on cpu."""
+        if placements is None:
+            placements = [ActorPlacement(1.0 if spec.device == "cuda" else 0.0)] * spec.oracles
+        spec.oracles = len(placements)
         cores = int(ray.cluster_resources().get("CPU", os.cpu_count() or 2))
         slots = spec.build_slots or max(1, cores // max(1, spec.oracles) - 1)
-        options: dict[str, Any] = {"num_cpus": 1}
-        if spec.device == "cuda":
-            options["num_gpus"] = 1
-        self.actors = [OracleActor.options(**options).remote(config, slots) for _ in range(spec.oracles)]
+        self.actors = []
+        for p in placements:
+            options = {"num_cpus": 1, **actor_options(p, groups or [])}
+            key = p.gate_key if gate is not None else None
+            self.actors.append(OracleActor.options(**options).remote(config, slots, gate if key else None, key))
+        self.placements = placements
         self.in_flight = [0] * len(self.actors)
         self.spec = spec
         self.build_slots = slots

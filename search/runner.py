@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
 import sys
@@ -11,12 +12,17 @@ from typing import Any, Callable
 
 import ray
 from ray.exceptions import RayActorError
+from ray.util.placement_group import placement_group
 
 from oracle.evaluate import OracleConfig
 from search.controller import Controller, SearchPlan
+from search.gate import TimingGate
 from search.generators.actor import GeneratorActor
 from search.generators.base import GeneratorError
-from search.pool import OraclePool, PoolSpec
+from search.generators.replicas import GeneratorReplicas
+from search.generators.spec import parse_generator_spec
+from search.placement import Placement, PlacementError, cluster_runtime_env, plan_placement
+from search.pool import OraclePool, PoolSpec, actor_options
 from search.store import RunStore
 from strategies import make_strategy
 from tasks.model import Task
@@ -36,6 +42,10 @@ class RunSettings:
     strategy_backend: str = "cuda"
     strategy_options: dict[str, Any] = field(default_factory=dict)  # e.g. agents: {"ambition": "full"}
     compile_baseline: bool | None = None  # None: the oracle's default (on a GPU only)
+    generator_replicas: int = 1  # data-parallel copies of the generator actor
+    tensor_parallel_size: int = 1  # GPUs per vLLM replica
+    share_generator: bool = False  # force the shared-GPU path: pause generation while an oracle times
+    generator_options: dict[str, Any] = field(default_factory=dict)  # extra constructor options (tests)
 
 
 def versions() -> dict[str, str]:
@@ -47,11 +57,12 @@ def versions() -> dict[str, str]:
 
 
 def start_ray(address: str | None, device: str) -> dict[str, Any]:
-    """Join a cluster, or start a local one sized for this machine (quick on a 2-core CPU)."""
+    """Join a cluster, or start a local one sized for this machine (quick on a 2-core CPU). A joined cluster
+    gets the project's packages shipped to its nodes (`search.placement.cluster_runtime_env`)."""
     if not ray.is_initialized():
         kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         if address:
-            ray.init(address=address, **kwargs)
+            ray.init(address=address, runtime_env=cluster_runtime_env(), **kwargs)
         else:
             ray.init(num_cpus=max(2, os.cpu_count() or 2), **kwargs)
     return ray.cluster_resources()
@@ -63,6 +74,8 @@ def make_config(settings: RunSettings, tasks: list[Task], generator_info: dict[s
         "strategy_options": {"backend": settings.strategy_backend, **settings.strategy_options}, "plan": asdict(settings.plan),
         "device": settings.device, "gpus": settings.gpus, "max_input_mb": settings.max_input_mb,
         "source": settings.source, "allow_torch": settings.allow_torch, "compile_baseline": settings.compile_baseline,
+        "generator_replicas": settings.generator_replicas, "tensor_parallel_size": settings.tensor_parallel_size,
+        "share_generator": settings.share_generator,
         "tasks": [t.to_json() for t in tasks], "versions": versions(),
         "hardware": {"cluster": {k: v for k, v in resources.items() if not k.startswith("node:")},
                      "machine": platform.machine(), "cpus": os.cpu_count()},
@@ -78,27 +91,55 @@ def _cause(exc: BaseException) -> str:
 
 @dataclass
 class Engine:
-    generator: Any  # GeneratorActor handle
+    generator: Any  # GeneratorReplicas: looks like one GeneratorActor handle, spreads over the replicas
     pool: OraclePool
     strategy: Any
     generator_info: dict[str, Any]
+    placement: Placement | None = None
+    gate: Any = None  # TimingGate handle when generation pauses while an oracle times
+    groups: list[Any] = field(default_factory=list)  # Ray placement groups of shared GPUs
+
+
+def plan_for(settings: RunSettings, resources: dict[str, Any]) -> Placement:
+    kind, _ = parse_generator_spec(settings.generator)
+    return plan_placement(cluster_gpus=resources.get("GPU", 0), device=settings.device, oracle_gpus=settings.gpus,
+                          generator_gpus=kind == "vllm", tensor_parallel_size=settings.tensor_parallel_size,
+                          replicas=settings.generator_replicas, share=settings.share_generator)
 
 
 async def build_engine(settings: RunSettings) -> Engine:
-    """The generator actor, the oracle pool (one actor per GPU, or a CPU oracle) and the strategy."""
-    resources = ray.cluster_resources()
-    generator = GeneratorActor.options(num_cpus=0).remote(settings.generator, {"seed": settings.plan.seed})
+    """The generator replicas, the oracle pool (one actor per GPU, or a CPU oracle), the timing gate where
+    they share GPUs, and the strategy. Where everything goes is `search.placement`'s decision."""
     try:
-        info = await generator.describe.remote()
+        placement = plan_for(settings, ray.cluster_resources())
+    except PlacementError as exc:
+        raise RuntimeError(str(exc)) from None
+    groups = []
+    for size in placement.groups:
+        group = placement_group([{"GPU": 1.0}] * size, strategy="STRICT_PACK")
+        try:
+            await asyncio.wait_for(group.ready(), 120)
+        except asyncio.TimeoutError:
+            raise RuntimeError(f"cannot reserve {size} GPU(s) on one node for a generator replica") from None
+        groups.append(group)
+    options = {"seed": settings.plan.seed, **placement.generator_options, **settings.generator_options}
+    actors = [GeneratorActor.options(num_cpus=0, **actor_options(p, groups)).remote(settings.generator, options)
+              for p in placement.generators]
+    try:
+        infos = await asyncio.gather(*(a.describe.remote() for a in actors))
     except RayActorError as exc:
         raise GeneratorError(f"the generator {settings.generator} could not start: {_cause(exc)}") from None
-    oracles = 1 if settings.device == "cpu" else (settings.gpus or int(resources.get("GPU", 0)))
-    if oracles < 1:
-        raise RuntimeError("--device cuda but the cluster has no GPU")
-    pool = OraclePool(PoolSpec(device=settings.device, oracles=oracles),
+    info = {**infos[0], "replicas": len(actors), "placement": placement.describe()}
+    gate = None
+    if placement.gated:
+        gate = TimingGate.options(num_cpus=0).remote(
+            [(a, [p.gate_key]) for a, p in zip(actors, placement.generators) if p.gate_key])
+    pool = OraclePool(PoolSpec(device=settings.device, oracles=len(placement.oracles)),
                       OracleConfig(device=settings.device, allow_torch=settings.allow_torch,
-                                   compile_baseline=settings.compile_baseline))
-    return Engine(generator, pool, make_strategy(settings.strategy, settings.strategy_backend, **settings.strategy_options), info)
+                                   compile_baseline=settings.compile_baseline),
+                      placements=placement.oracles, groups=groups, gate=gate)
+    strategy = make_strategy(settings.strategy, settings.strategy_backend, **settings.strategy_options)
+    return Engine(GeneratorReplicas(actors), pool, strategy, info, placement, gate, groups)
 
 
 async def run_search(settings: RunSettings, tasks: list[Task], store: RunStore, on_record: Callable | None = None,

@@ -7,6 +7,7 @@ soon as any sample of the request is finished, which is how samples stream into 
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import ray
@@ -24,10 +25,14 @@ class GeneratorActor:
         self.generator = make_generator(spec, **(options or {}))
         self.queues: dict[str, asyncio.Queue] = {}
         self.pumps: dict[str, asyncio.Task] = {}
+        self.paused = False
+        self.counts = {"requests": 0, "samples": 0, "pauses": 0, "resumes": 0}
 
     async def start(self, request: SampleRequest) -> None:
         queue: asyncio.Queue = asyncio.Queue()
         self.queues[request.request_id] = queue
+        self.counts["requests"] += 1
+        self.counts["samples"] += request.n
 
         async def pump() -> None:
             try:
@@ -57,5 +62,23 @@ class GeneratorActor:
     async def abort(self, request_id: str) -> None:
         await self.generator.abort(request_id)
 
+    async def pause(self) -> None:
+        """Hold generation (the timing gate calls this while an oracle on the same GPU times). Idempotent."""
+        if not self.paused:
+            self.paused = True
+            self.counts["pauses"] += 1
+        await self.generator.pause()
+
+    async def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            self.counts["resumes"] += 1
+        await self.generator.resume()
+
     def describe(self) -> dict[str, Any]:
         return self.generator.describe()
+
+    def stats(self) -> dict[str, Any]:
+        emitted = getattr(self.generator, "emitted", None)
+        return {**self.counts, "paused": self.paused, "pid": os.getpid(), "outstanding": len(self.queues),
+                **({"emitted": list(emitted)} if emitted is not None else {})}

@@ -40,6 +40,7 @@ class Completion:
     prompt_tokens: int = 0
     finish_reason: str | None = None  # "stop", "length", "abort", ...
     error: str | None = None  # the generator failed for this sample (the text is then empty)
+    replica: int | None = None  # which generator replica wrote it (set by `GeneratorReplicas`)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,6 +60,13 @@ class Generator(abc.ABC):
     @abc.abstractmethod
     async def abort(self, request_id: str) -> None:
         """Stop a request's outstanding samples; its stream ends soon after. Unknown ids are ignored."""
+
+    async def pause(self) -> None:
+        """Hold generation until `resume` (an oracle on the same GPU is timing): running samples freeze and
+        keep their progress. Returns once nothing is computing. The default cannot pause (a remote server)."""
+
+    async def resume(self) -> None:
+        """Continue after `pause`."""
 
     def describe(self) -> dict[str, Any]:
         """What to record in a run's config.json to repeat the run."""

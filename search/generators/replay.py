@@ -7,9 +7,11 @@ around when n exceeds them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections.abc import AsyncIterator
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +19,13 @@ from search.generators.base import Completion, Generator, GeneratorError, Sample
 
 
 class ReplayGenerator(Generator):
-    def __init__(self, path: str | Path, seed: int = 0) -> None:
+    def __init__(self, path: str | Path, seed: int = 0, delay_s: float = 0.0) -> None:
         self.path = Path(path)
         self.seed = seed
+        self.delay_s = delay_s  # "generation" time per sample (tests of pausing and spreading)
+        self._running = asyncio.Event()
+        self._running.set()
+        self.emitted: list[float] = []  # when each completion was handed out (time.time())
         self.by_task: dict[str, list[dict[str, Any]]] = {}
         if not self.path.is_file():
             raise GeneratorError(f"replay file {self.path} does not exist")
@@ -48,8 +54,12 @@ class ReplayGenerator(Generator):
         order = self.order(request.task_id)
         numbers = request.samples or list(range(request.n))
         for index, (number, seed) in enumerate(zip(numbers, request.seeds)):
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            await self._running.wait()  # paused: nothing comes out until resumed
             if request.request_id in self._aborted:
                 return
+            self.emitted.append(time.time())
             if not rows:
                 yield Completion(request.request_id, index, seed, "", error=f"no recorded completions for {request.task_id}")
                 continue
@@ -59,6 +69,12 @@ class ReplayGenerator(Generator):
 
     async def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)
+
+    async def pause(self) -> None:
+        self._running.clear()
+
+    async def resume(self) -> None:
+        self._running.set()
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "replay", "path": str(self.path.resolve()), "seed": self.seed,

@@ -48,6 +48,7 @@ class VLLMGenerator(Generator):
         self._live: dict[str, tuple[list[str], list[asyncio.Task[Completion | None]]]] = {}
         self._lock = asyncio.Lock()
         self._dead = False
+        self._paused = False
         self._engine: Any = self._start()
 
     # -- engine life -------------------------------------------------------------------------------------
@@ -81,6 +82,8 @@ class VLLMGenerator(Generator):
             self._engine = await asyncio.to_thread(self._start)
             self._dead = False
             self.restarts += 1
+            if self._paused:  # a pause outlives the engine it was meant for
+                await self._pause_engine(self._engine)
             return self._engine
 
     # -- sampling ----------------------------------------------------------------------------------------
@@ -165,6 +168,38 @@ class VLLMGenerator(Generator):
             await self._engine.abort(sample_ids)
         for task in tasks:  # a sample still being added to the engine is stopped here
             task.cancel()
+
+    # -- sharing the GPU with an oracle ---------------------------------------------------------------------
+
+    async def pause(self) -> None:
+        """Freeze the engine's scheduler while an oracle on the same GPU times a candidate.
+
+        vLLM's `pause_generation(mode="keep")`: running and waiting requests stay in the engine with their KV
+        cache (`clear_cache=False`) and no step runs until `resume_generation`; new requests queue. It returns
+        once the engine core is idle and has synchronised the device, so the oracle's timing starts on a quiet
+        GPU. (`sleep`/`wake_up` would also free the GPU memory, but it drops the KV cache and reloads weights:
+        far too slow for a pause per candidate; `mode="abort"` would throw the samples' progress away.)
+        """
+        self._paused = True
+        async with self._lock:  # not while a dead engine is being replaced (the new one is paused on start)
+            engine = self._engine
+        if engine is not None and not self._dead and not engine.errored:
+            await self._pause_engine(engine)
+
+    async def resume(self) -> None:
+        self._paused = False
+        async with self._lock:
+            engine = self._engine
+        if engine is not None and not self._dead and not engine.errored:
+            with contextlib.suppress(Exception):  # a dead engine has nothing to resume; the next sample restarts it
+                await engine.resume_generation()
+
+    @staticmethod
+    async def _pause_engine(engine: Any) -> None:
+        try:
+            await engine.pause_generation(mode="keep", clear_cache=False)
+        except (AttributeError, TypeError) as e:  # older vLLM: no pause, or one that aborts or drains requests
+            raise GeneratorError(f"this vLLM cannot freeze generation in place (pause_generation(mode='keep')): {e}") from e
 
     # -- the rest ----------------------------------------------------------------------------------------
 
