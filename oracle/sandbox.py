@@ -298,9 +298,78 @@ class WorkerDied(Exception):
     """The worker ended without sending its result; the message says how."""
 
 
+# How the last `_drop_root_privileges` went in this process (a worker): "" when it did not run, "dropped",
+# "not root", or what failed. The drop never stops a worker; this note is only for whoever wants to know.
+PRIVILEGE_DROP_NOTE = ""
+
+_PR_CAPBSET_DROP = 24
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def _drop_root_privileges() -> str:
+    """A worker running as root keeps uid 0 (the interpreter and venv may live under a 0700 /root) but
+    loses every capability: no new privileges through exec (setuid binaries, file capabilities), an empty
+    bounding set, no ambient capabilities, and empty effective, permitted and inheritable sets. Without
+    them uid 0 is an ordinary owner: it cannot read or signal other users' processes, override file
+    modes, change owners, load modules or raise resource limits. Linux only; any failure is recorded in
+    `PRIVILEGE_DROP_NOTE` and otherwise ignored (a worker must never fail because of this)."""
+    global PRIVILEGE_DROP_NOTE
+    import sys
+
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        PRIVILEGE_DROP_NOTE = "not root"
+        return PRIVILEGE_DROP_NOTE
+    failed: list[str] = []
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        prctl.restype = ctypes.c_int
+
+        def call(what: str, *args: int) -> None:
+            if prctl(*args, *([0] * (5 - len(args)))) != 0:
+                failed.append(f"{what}: {os.strerror(ctypes.get_errno())}")
+
+        call("no_new_privs", _PR_SET_NO_NEW_PRIVS, 1)
+        try:
+            with open("/proc/sys/kernel/cap_last_cap") as f:
+                last_cap = int(f.read().strip())
+        except (OSError, ValueError):
+            last_cap = 40  # CAP_CHECKPOINT_RESTORE, the last one as of Linux 5.9
+        # The bounding set first: dropping from it needs CAP_SETPCAP, which capset below takes away.
+        for cap in range(last_cap + 1):
+            if prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:  # EINVAL: unknown to this kernel
+                failed.append(f"bounding cap {cap}: {os.strerror(ctypes.get_errno())}")
+        call("ambient", _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
+
+        class Header(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+        class Data(ctypes.Structure):
+            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+        header = Header(_LINUX_CAPABILITY_VERSION_3, 0)
+        data = (Data * 2)()  # version 3: two 32-bit words per set, all zero
+        if libc.capset(ctypes.byref(header), data) != 0:
+            failed.append(f"capset: {os.strerror(ctypes.get_errno())}")
+    except Exception as exc:  # noqa: BLE001 - no libc, no prctl: run as before
+        failed.append(f"{type(exc).__name__}: {exc}")
+    PRIVILEGE_DROP_NOTE = "; ".join(failed) if failed else "dropped"
+    return PRIVILEGE_DROP_NOTE
+
+
 def _run_entry(entry: Callable[[Connection, str], None], conn: Connection, job_dir: str, env: dict[str, str]) -> None:
     os.environ.clear()
     os.environ.update(env)
+    try:
+        _drop_root_privileges()
+    except BaseException:  # noqa: BLE001 - never let the drop stop a worker
+        pass
     entry(conn, job_dir)
     conn.close()
     os._exit(0)  # skip interpreter teardown: a candidate's atexit hooks and threads must not delay or alter the end
