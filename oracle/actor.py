@@ -49,14 +49,14 @@ class OracleActor:
             finally:
                 self.busy["building"] -= 1
                 self.build_s += time.perf_counter() - t0
-        return await self._on_device(self.oracle.check_and_time, task, candidate, build)
+        return await self._checked_and_timed(task, candidate, build)
 
     async def retime(self, task_json: dict[str, Any], candidate_json: dict[str, Any]) -> dict[str, Any]:
         """Check and time a candidate again in a fresh worker (the best kernel, before it is reported)."""
         task = Task.from_json(task_json)
         candidate = Candidate(**candidate_json)
         build = await asyncio.to_thread(self.oracle.build, candidate)
-        return await self._on_device(self.oracle.check_and_time, task, candidate, build)
+        return await self._checked_and_timed(task, candidate, build)
 
     async def profile(self, task_json: dict[str, Any]) -> dict[str, Any]:
         """Profile the task's reference on this oracle's device (a trusted worker, in the timing slot)."""
@@ -73,20 +73,41 @@ class OracleActor:
                 self.busy["timing"] -= 1
                 self.gpu_busy_s += time.perf_counter() - t0
 
-    async def _on_device(self, fn, *args: Any) -> dict[str, Any]:
-        async with self.timing_slot, self._gated():
+    async def _checked_and_timed(self, task: Task, candidate: Candidate, build: Any) -> dict[str, Any]:
+        """The device slot: checks run with generation going on; only what is timed holds the gate."""
+        loop = asyncio.get_running_loop()
+
+        @contextlib.contextmanager
+        def quiet():
+            if self.gate is None:
+                yield
+                return
+            # called from the slot's thread: the gate is awaited on this actor's event loop
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._gate_call("pause"), loop).result(timeout=120)
+            try:
+                yield
+            finally:
+                with contextlib.suppress(Exception):
+                    asyncio.run_coroutine_threadsafe(self._gate_call("resume"), loop).result(timeout=120)
+
+        async with self.timing_slot:
             self.busy["timing"] += 1
             t0 = time.perf_counter()
             try:
-                verdict = await asyncio.to_thread(fn, *args)
+                verdict = await asyncio.to_thread(self.oracle.check_and_time, task, candidate, build, quiet)
             finally:
                 self.busy["timing"] -= 1
                 self.gpu_busy_s += time.perf_counter() - t0
         return verdict.to_json()
 
+    async def _gate_call(self, name: str) -> None:
+        await getattr(self.gate, name).remote(self.gate_key, self.holder)
+
     @contextlib.asynccontextmanager
     async def _gated(self):
-        """With a timing gate (a generator shares this GPU): generation is paused for the whole slot."""
+        """With a timing gate (a generator shares this GPU): generation is paused for the whole slot
+        (profiling times the reference throughout)."""
         if self.gate is None:
             yield
             return

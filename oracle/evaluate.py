@@ -8,6 +8,7 @@ cached on disk (timings, per task, device and torch version).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -19,7 +20,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 import torch
 
@@ -210,12 +211,17 @@ class Oracle:
 
     # ------------------------------------------------------------ timing slot
 
-    def check_and_time(self, task: Task, candidate: Candidate, build: BuildOutcome) -> Verdict:
+    def check_and_time(self, task: Task, candidate: Candidate, build: BuildOutcome,
+                       quiet: Callable[[], ContextManager] | None = None) -> Verdict:
+        """`quiet`: a context manager to hold while anything is timed (the candidate, and the baselines on
+        their first use), for example to pause a generator that shares the GPU; checks run without it."""
         base = dict(backend=candidate.backend, hash=candidate.hash, build_s=build.build_s, build_cached=build.cached)
         if build.status:
             return self._verdict(task, build.status, build.message, **base)
+        quiet = quiet or contextlib.nullcontext
         try:
-            reference = self.reference(task)
+            with quiet() if not self.has_reference(task) else contextlib.nullcontext():
+                reference = self.reference(task)
         except ReferenceError as exc:
             return self._verdict(task, "runtime_error", f"the reference failed, not the candidate: {exc}", **base)
         job = self._job(task, reference, candidate, build)
@@ -229,8 +235,9 @@ class Oracle:
             if isinstance(checked, Verdict):
                 return checked
             verify_s = time.perf_counter() - t0
-            worker.send(cmd="time")
-            outcome = run_to_result(worker, close=False)
+            with quiet():
+                worker.send(cmd="time")
+                outcome = run_to_result(worker, close=False)
             if outcome.timed_out_phase or outcome.result is None or outcome.result.get("status") != "timed":
                 return self._failed_run(task, outcome, base, verify_s=verify_s)
             # The outputs of timed calls are checked too: a candidate right only while checked is caught.
@@ -390,9 +397,15 @@ class Oracle:
 
     # ------------------------------------------------------------ reference and baselines
 
+    def _reference_key(self, task: Task) -> str:
+        return hashlib.sha256(f"{task.code}\0{self.config.device}\0{self.config.check_seeds}\0{self.config.timing_seeds}".encode()).hexdigest()[:20]
+
+    def has_reference(self, task: Task) -> bool:
+        return self._reference_key(task) in self._references
+
     def reference(self, task: Task) -> Reference:
         """Reference outputs (memory) and baseline timings (disk cache) for a task on this device."""
-        key = hashlib.sha256(f"{task.code}\0{self.config.device}\0{self.config.check_seeds}\0{self.config.timing_seeds}".encode()).hexdigest()[:20]
+        key = self._reference_key(task)
         with self._ref_lock:
             if key in self._references:
                 self._references.move_to_end(key)
