@@ -128,8 +128,18 @@ def _status_text(t: TaskStats) -> str:
     return ", ".join(parts) or "-"
 
 
+def _any_left_out(runs: list[RunStats], at: str) -> bool:
+    """Whether some task of some run has fewer than k samples at a shown k (`at`: "n" for pass@n only)."""
+    for rs in runs:
+        ks = [str(rs.n)] if at == "n" else [str(k) for k in powers_of_two(rs.n)]
+        if any(rs.summary["tasks_at_k"].get(k, 0) < rs.summary["tasks_with_samples"] for k in ks if rs.n):
+            return True
+    return False
+
+
 def _summary_table(labels: list[str], runs: list[RunStats]) -> Table:
-    table = Table(title="runs", caption="* some tasks have fewer than n samples and are left out of pass@n")
+    caption = "* some tasks have fewer than n samples and are left out of pass@n" if _any_left_out(runs, "n") else None
+    table = Table(title="runs", caption=caption)
     for col, justify in (("run", "left"), ("strategy", "left"), ("tasks run", "right"), ("n", "right"),
                          ("samples", "right"), ("pass@1", "right"), ("pass@n [95% CI]", "right"),
                          ("fast_1.0@n", "right"), ("tokens", "right"), ("device s", "right")):
@@ -148,7 +158,8 @@ def _summary_table(labels: list[str], runs: list[RunStats]) -> Table:
 
 def _k_tables(labels: list[str], runs: list[RunStats]) -> tuple[Table, Table]:
     ks = sorted({k for rs in runs for k in powers_of_two(rs.n)})
-    passes = Table(title="pass@k [95% CI]", caption="* some tasks have fewer than k samples and are left out at this k")
+    caption = "* some tasks have fewer than k samples and are left out at this k" if _any_left_out(runs, "k") else None
+    passes = Table(title="pass@k [95% CI]", caption=caption)
     fast = Table(title=escape("fast_1.0@k · E[best x eager of k samples]"))
     for table in (passes, fast):
         table.add_column("k", justify="right")

@@ -380,3 +380,13 @@ def test_runstats_without_compile_baseline_and_mixed_strategies():
     assert out["by_strategy"]["a"]["pass_at_k"] == {"1": 1.0}
     assert out["by_strategy"]["b"]["pass_at_k"] == {"1": 0.0}
     assert out["pass_at_k"]["1"] == pytest.approx(0.5)
+
+
+def test_left_out_caption_only_when_a_task_is_left_out(run_a, run_b):
+    console = quiet()
+    report([run_b], console, as_json=False, csv_path=None, plot_path=None)  # every task has all n samples
+    assert "fewer than" not in console.file.getvalue()
+    console = quiet()
+    report([run_a], console, as_json=False, csv_path=None, plot_path=None)  # C stopped early at 2 of 4
+    text = " ".join(console.file.getvalue().split())  # a caption wraps at its table's width
+    assert "* some tasks have fewer than k samples and are left out at this k" in text
