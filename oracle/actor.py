@@ -29,9 +29,9 @@ class OracleActor:
         if gate is not None:  # restarted after dying mid-timing: drop the pause the dead one held
             gate.forget.remote(self.holder)
         self.build_slots = asyncio.Semaphore(build_slots)
-        self.timing_slot = asyncio.Semaphore(1)
+        # candidates on the device at once: their checks overlap, their timing does not (oracle.device_lock)
+        self.device_slots = asyncio.Semaphore(config.device_slots)
         self.busy = {"building": 0, "timing": 0, "queued": 0}
-        self.gpu_busy_s = 0.0
         self.build_s = 0.0
         self.started = time.time()
 
@@ -59,19 +59,21 @@ class OracleActor:
         return await self._checked_and_timed(task, candidate, build)
 
     async def profile(self, task_json: dict[str, Any]) -> dict[str, Any]:
-        """Profile the task's reference on this oracle's device (a trusted worker, in the timing slot)."""
+        """Profile the task's reference on this oracle's device (a trusted worker, holding the device alone)."""
         from oracle.profile import profile_task
 
         task = Task.from_json(task_json)
-        async with self.timing_slot, self._gated():
+
+        def alone() -> dict[str, Any]:
+            with self.oracle.device_lock.exclusive():
+                return profile_task(task, self.oracle.config.device, self.oracle.threads, self.oracle.config.init_seed)
+
+        async with self.device_slots, self._gated():
             self.busy["timing"] += 1
-            t0 = time.perf_counter()
             try:
-                return await asyncio.to_thread(profile_task, task, self.oracle.config.device, self.oracle.threads,
-                                               self.oracle.config.init_seed)
+                return await asyncio.to_thread(alone)
             finally:
                 self.busy["timing"] -= 1
-                self.gpu_busy_s += time.perf_counter() - t0
 
     async def _checked_and_timed(self, task: Task, candidate: Candidate, build: Any) -> dict[str, Any]:
         """The device slot: checks run with generation going on; only what is timed holds the gate."""
@@ -91,14 +93,12 @@ class OracleActor:
                 with contextlib.suppress(Exception):
                     asyncio.run_coroutine_threadsafe(self._gate_call("resume"), loop).result(timeout=120)
 
-        async with self.timing_slot:
+        async with self.device_slots:
             self.busy["timing"] += 1
-            t0 = time.perf_counter()
             try:
                 verdict = await asyncio.to_thread(self.oracle.check_and_time, task, candidate, build, quiet)
             finally:
                 self.busy["timing"] -= 1
-                self.gpu_busy_s += time.perf_counter() - t0
         return verdict.to_json()
 
     async def _gate_call(self, name: str) -> None:
@@ -120,5 +120,7 @@ class OracleActor:
                 await self.gate.resume.remote(self.gate_key, self.holder)
 
     def stats(self) -> dict[str, Any]:
-        return {**self.busy, "device_busy_s": self.gpu_busy_s, "build_s": self.build_s,
+        lock = self.oracle.device_lock
+        return {**self.busy, "device_busy_s": lock.busy_now(), "device_exclusive_s": lock.exclusive_s,
+                "device_slots": self.oracle.config.device_slots, "build_s": self.build_s,
                 "alive_s": time.time() - self.started, "pid": os.getpid()}

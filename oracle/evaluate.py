@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -28,6 +29,7 @@ from oracle import harness
 from oracle.build import build_key, cache_root
 from oracle.candidate import Candidate
 from oracle.compare import compare
+from oracle.device_lock import DeviceLock
 from oracle.extract import extract
 from oracle.pch import PchSpec, default_root, request_header
 from oracle.sandbox import PhaseTimeout, Worker, WorkerDied, WorkerOutcome, run_to_result
@@ -67,6 +69,13 @@ class OracleConfig:
     threads: int | None = None  # torch threads in workers (default: every core, the same for candidate and baselines)
     precompiled_headers: bool = True  # build C++ halves against a precompiled torch/extension.h (oracle.pch)
     pch_dir: Path | None = None  # where those headers live (default: oracle.pch.default_root())
+
+    check_slots: int | None = None  # candidates checked at once on the device (default: 4 on a GPU, 1 on a CPU)
+
+    @property
+    def device_slots(self) -> int:
+        """On a CPU the checks would compete for the cores that time: one candidate at a time there."""
+        return self.check_slots or (4 if self.device == "cuda" else 1)
 
     @property
     def wants_compile(self) -> bool:
@@ -138,6 +147,9 @@ class Oracle:
         self.baselines.mkdir(parents=True, exist_ok=True)
         self._references: OrderedDict[str, Reference] = OrderedDict()
         self._ref_lock = threading.Lock()
+        self.device_lock = DeviceLock()
+        self._workers: set[Worker] = set()  # candidate workers alive now (stopped while another is timed)
+        self._workers_lock = threading.Lock()
 
     # ------------------------------------------------------------ the whole way
 
@@ -213,29 +225,41 @@ class Oracle:
 
     def check_and_time(self, task: Task, candidate: Candidate, build: BuildOutcome,
                        quiet: Callable[[], ContextManager] | None = None) -> Verdict:
-        """`quiet`: a context manager to hold while anything is timed (the candidate, and the baselines on
-        their first use), for example to pause a generator that shares the GPU; checks run without it."""
+        """Check, then time. Several threads may check candidates at once (the device lock's shared side);
+        timing, and the baselines on their first use, hold the device alone (its exclusive side), with the
+        other candidates' workers stopped. `quiet`: a context manager held while anything is timed, for
+        example to pause a generator that shares the GPU."""
         base = dict(backend=candidate.backend, hash=candidate.hash, build_s=build.build_s, build_cached=build.cached)
         if build.status:
             return self._verdict(task, build.status, build.message, **base)
         quiet = quiet or contextlib.nullcontext
         try:
-            with quiet() if not self.has_reference(task) else contextlib.nullcontext():
+            if self.has_reference(task):
                 reference = self.reference(task)
+            else:
+                with self._alone(None), quiet():
+                    reference = self.reference(task)
         except ReferenceError as exc:
             return self._verdict(task, "runtime_error", f"the reference failed, not the candidate: {exc}", **base)
         job = self._job(task, reference, candidate, build)
         files = {"candidate.py": candidate.source}
-        t0 = time.perf_counter()
         # On a CPU, Triton kernels run under its interpreter (slow, but the same kernel code).
         env = {"TRITON_INTERPRET": "1"} if candidate.backend == "triton" and self.config.device == "cpu" else None
-        worker = Worker(harness.candidate_entry, job, files, env=env)
+        worker: Worker | None = None
         try:
-            checked = self._drive_checks(task, worker, reference, candidate, base)
+            with self.device_lock.shared():
+                t0 = time.perf_counter()
+                worker = Worker(harness.candidate_entry, job, files, env=env)
+                with self._workers_lock:
+                    self._workers.add(worker)
+                checked = self._run_checks(task, worker, base)
+            if isinstance(checked, Verdict):
+                return checked
+            checked = self._judge_checks(task, worker, reference, candidate, checked, base)
             if isinstance(checked, Verdict):
                 return checked
             verify_s = time.perf_counter() - t0
-            with quiet():
+            with self._alone(worker), quiet():
                 worker.send(cmd="time")
                 outcome = run_to_result(worker, close=False)
             if outcome.timed_out_phase or outcome.result is None or outcome.result.get("status") != "timed":
@@ -245,7 +269,10 @@ class Oracle:
             if wrong:
                 return self._verdict(task, "incorrect", wrong, verify_s=verify_s, **base)
         finally:
-            worker.close()
+            if worker is not None:
+                with self._workers_lock:
+                    self._workers.discard(worker)
+                worker.close()
         timing = dict(outcome.result["timing"])
         external = _external_ms(outcome.clocks, job["block_calls"])
         if external is None:
@@ -253,23 +280,39 @@ class Oracle:
         timing["external_ms"] = external
         return self._scored(task, timing, reference, base, checked["flags"], verify_s, outcome.elapsed_s)
 
-    def _drive_checks(self, task: Task, worker: Worker, reference: Reference, candidate: Candidate, base: dict) -> dict | Verdict:
-        """Run the checks; return the worker's `checked` report, or the verdict that ends the evaluation."""
+    @contextlib.contextmanager
+    def _alone(self, own: Worker | None):
+        """The device to this thread alone: no check runs, and every other candidate's worker is stopped
+        (SIGSTOP) so that nothing it left running can launch work on the device meanwhile."""
+        with self.device_lock.exclusive():
+            with self._workers_lock:
+                others = [w for w in self._workers if w is not own]
+            for w in others:
+                w.signal(signal.SIGSTOP)
+            try:
+                yield
+            finally:
+                for w in others:
+                    w.signal(signal.SIGCONT)
+
+    def _run_checks(self, task: Task, worker: Worker, base: dict) -> dict | Verdict:
+        """Drive the worker through its checks; its `checked` report, or the verdict that ends the evaluation."""
         try:
             for message in worker.messages():
                 if "result" in message:  # the worker stopped early: an error, a rejection
                     r = message["result"]
                     return self._verdict(task, *_worker_failure(r), **base)
                 if "checked" in message:
-                    checked = message["checked"]
-                    break
-            else:  # pragma: no cover - messages() never ends without a result or an exception
-                return self._verdict(task, "runtime_error", "the worker ended early", **base)
+                    return message["checked"]
+            return self._verdict(task, "runtime_error", "the worker ended early", **base)  # pragma: no cover
         except PhaseTimeout as exc:
             return self._verdict(task, "timeout", f"{exc} took longer than its limit (infinite loop or a hang?)", **base)
         except WorkerDied as exc:
             return self._verdict(task, "runtime_error", f"the candidate's process {exc}: {_last_line(worker.stderr_tail())}", **base)
 
+    def _judge_checks(self, task: Task, worker: Worker, reference: Reference, candidate: Candidate, checked: dict,
+                      base: dict) -> dict | Verdict:
+        """Compare the checked outputs with the reference's (here, in the trusted process) and apply rule 11."""
         wrong = self._compare_outputs(worker.dir, reference)
         if wrong:
             return self._verdict(task, "incorrect", wrong, **base)

@@ -199,6 +199,14 @@ class Worker:
         except OSError:
             return ""
 
+    def signal(self, sig: int) -> None:
+        """Send a signal to the worker's process group (SIGSTOP/SIGCONT while another candidate is timed)."""
+        if self.process.pid:
+            try:
+                os.killpg(self.process.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def close(self) -> None:
         """Kill the worker, everything it started, and remove its folder.
 

@@ -63,12 +63,13 @@ class OraclePool:
         self.in_flight = [0] * len(self.actors)
         self.spec = spec
         self.build_slots = slots
+        self.device_slots = config.device_slots
         self._profiles: dict[tuple[str, str], asyncio.Future] = {}
 
     @property
     def capacity(self) -> int:
-        """Candidates the pool can work on at once: every actor's build slots and its timing slot."""
-        return len(self.actors) * (self.build_slots + 1)
+        """Candidates the pool can work on at once: every actor's build slots and its device slots."""
+        return len(self.actors) * (self.build_slots + self.device_slots)
 
     def _pick(self) -> int:
         return min(range(len(self.actors)), key=lambda i: self.in_flight[i])

@@ -1,0 +1,157 @@
+"""Checks overlap, timing holds the device alone (oracle/device_lock.py and its use in Oracle.check_and_time)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from oracle import Oracle, OracleConfig
+from oracle.device_lock import DeviceLock
+from oracle.timing import TimingParams
+from tasks import Selection, load_tasks
+
+CANDIDATES = Path(__file__).parent / "candidates"
+
+
+class Recording(DeviceLock):
+    """A DeviceLock that logs who held it, for the overlap checks below."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[float, str, str]] = []
+        self._log = threading.Lock()
+
+    def _mark(self, kind: str, what: str) -> None:
+        with self._log:
+            self.events.append((time.perf_counter(), kind, what))
+
+    def shared(self):
+        parent = super().shared()
+
+        class _Ctx:
+            def __enter__(ctx):
+                parent.__enter__()
+                self._mark("shared", "in")
+
+            def __exit__(ctx, *exc):
+                self._mark("shared", "out")
+                return parent.__exit__(*exc)
+
+        return _Ctx()
+
+    def exclusive(self):
+        parent = super().exclusive()
+
+        class _Ctx:
+            def __enter__(ctx):
+                parent.__enter__()
+                self._mark("exclusive", "in")
+
+            def __exit__(ctx, *exc):
+                self._mark("exclusive", "out")
+                return parent.__exit__(*exc)
+
+        return _Ctx()
+
+    def max_holders(self) -> tuple[int, bool]:
+        """Most shared holders at once, and whether an exclusive holder ever had company."""
+        shared = exclusive = most = 0
+        crowded = False
+        for _, kind, what in sorted(self.events):
+            delta = 1 if what == "in" else -1
+            if kind == "shared":
+                shared += delta
+            else:
+                exclusive += delta
+            most = max(most, shared)
+            crowded = crowded or (exclusive > 0 and (shared > 0 or exclusive > 1))
+        return most, crowded
+
+
+def test_shared_holders_overlap_and_exclusive_waits_for_them():
+    lock = Recording()
+    inside = threading.Barrier(3, timeout=5)
+
+    def check():
+        with lock.shared():
+            inside.wait()  # all three checks inside at once, or this times out
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=check) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.01)
+    with lock.exclusive():
+        pass
+    for t in threads:
+        t.join()
+    most, crowded = lock.max_holders()
+    assert most == 3 and not crowded
+    assert lock.busy_s > 0 and lock.exclusive_s >= 0
+
+
+def test_a_waiting_timer_goes_before_new_checks():
+    lock = DeviceLock()
+    order: list[str] = []
+    first_in = threading.Event()
+
+    def long_check():
+        with lock.shared():
+            first_in.set()
+            time.sleep(0.3)
+
+    def timer():
+        with lock.exclusive():
+            order.append("timed")
+
+    def late_check():
+        with lock.shared():
+            order.append("late check")
+
+    a = threading.Thread(target=long_check)
+    a.start()
+    first_in.wait(5)
+    b = threading.Thread(target=timer)
+    b.start()
+    time.sleep(0.05)  # the timer is waiting now
+    c = threading.Thread(target=late_check)
+    c.start()
+    for t in (a, b, c):
+        t.join(5)
+    assert order == ["timed", "late check"]
+
+
+def test_busy_time_counts_overlapping_holders_once():
+    lock = DeviceLock()
+
+    def hold():
+        with lock.shared():
+            time.sleep(0.2)
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: hold(), range(4)))
+    wall = time.perf_counter() - started
+    assert 0.18 <= lock.busy_s <= wall + 0.01  # four overlapping holds of 0.2 s are 0.2 s busy, not 0.8
+
+
+@pytest.mark.slow
+def test_candidates_checked_together_are_timed_alone(tmp_path):
+    """Two CPU candidates with two device slots: their checks may overlap, their timing never overlaps
+    anything, and both verdicts are what they are when judged one at a time."""
+    task = load_tasks("builtin", Selection(task_ids=frozenset({"builtin/1_LeakyReLU_Scale"})), 256).tasks[0]
+    fast = TimingParams(warmup_calls=2, min_calls=5, max_calls=20, target_s=0.2, wall_calls=5)
+    oracle = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path, timing=fast, call_timeout_s=30, check_slots=2))
+    oracle.device_lock = Recording()
+    sources = [(CANDIDATES / "leaky_correct.py").read_text(), (CANDIDATES / "leaky_wrong_slope.py").read_text()]
+    with ThreadPoolExecutor(2) as pool:
+        verdicts = list(pool.map(lambda text: oracle.evaluate(task, text), sources))
+    assert [v.status for v in verdicts] == ["correct", "incorrect"], [v.message for v in verdicts]
+    most, crowded = oracle.device_lock.max_holders()
+    assert not crowded
+    assert any(kind == "exclusive" for _, kind, _ in oracle.device_lock.events)  # the baselines and the timing
+    assert not oracle._workers  # every worker closed and forgotten
