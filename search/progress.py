@@ -192,10 +192,11 @@ class RunProgress:
             return None
         alive = [p for p in self.pool if not p.get("dead")]
         dead = len(self.pool) - len(alive)
-        timing = sum(int(p.get("timing", 0)) for p in alive)
+        on_device = sum(int(p.get("timing", 0)) for p in alive)  # being checked or timed
+        slots = sum(int(p.get("device_slots", 1)) for p in alive)
         building = sum(int(p.get("building", 0)) for p in alive)
         queued = sum(int(p.get("queued", 0)) for p in alive)
-        text = (f"oracles {len(self.pool)}: timing {timing}/{len(alive)} busy, building {building}, "
+        text = (f"oracles {len(self.pool)}: on the device {on_device}/{slots}, building {building}, "
                 f"builds queued {queued}")
         return text + (f", {dead} restarting" if dead else "")
 

@@ -75,7 +75,7 @@ def test_plain_output_has_no_control_codes_and_prints_pass_at_k_lines():
     final4 = 1.0
     assert f"k=1 {final1:.3f}" in pass_lines[1] and f"k=4 {final4:.3f}" in pass_lines[1]
     assert "8/8 samples, 4.0 samples/min, elapsed 2:00, ETA 0:00" in pass_lines[1]
-    assert "oracles 1: timing 1/1 busy, building 1, builds queued 2" in pass_lines[1]
+    assert "oracles 1: on the device 1/1, building 1, builds queued 2" in pass_lines[1]
     # the summary tables follow, still without control codes
     assert "1st ok" in text and "fast_1.0@k" in text and "kernelsearch report runs/x" in text
 
@@ -91,7 +91,7 @@ def test_terminal_renderable_has_progress_task_table_and_pass_at_k_row():
     text = console.export_text()
     # progress: done of planned, rate, elapsed, ETA, oracle slots
     assert "6/12 (50%)" in text and "4.0 samples/min" in text and "elapsed 1:30" in text and "ETA 1:30" in text
-    assert "oracles 1: timing 0/1 busy, building 1, builds queued 3" in text
+    assert "oracles 1: on the device 0/1, building 1, builds queued 3" in text
     # the per-task table
     assert "1st ok" in text and "x eager" in text
     leaky = next(ln for ln in text.splitlines() if "builtin/1_LeakyReLU_Scale" in ln)
@@ -144,7 +144,7 @@ def test_run_polls_the_pool_stats_while_the_search_runs():
 
     async def stats():
         polls.append(1)
-        return [{"building": 0, "timing": 1, "queued": 0}, {"dead": True}]
+        return [{"building": 0, "timing": 1, "queued": 0, "device_slots": 4}, {"dead": True}]
 
     async def search():
         await asyncio.sleep(0.25)
@@ -153,7 +153,7 @@ def test_run_polls_the_pool_stats_while_the_search_runs():
     progress = RunProgress(Console(file=io.StringIO()), TASKS, 4, [], stats=stats, poll_s=0.05)
     assert asyncio.run(progress.run(search())) == "done"
     assert len(polls) >= 3
-    assert progress.pool_text() == "oracles 2: timing 1/1 busy, building 0, builds queued 0, 1 restarting"
+    assert progress.pool_text() == "oracles 2: on the device 1/4, building 0, builds queued 0, 1 restarting"
 
 
 def test_early_stopped_task_shows_as_solved():
