@@ -52,11 +52,12 @@ class OracleActor:
         return await self._checked_and_timed(task, candidate, build)
 
     async def retime(self, task_json: dict[str, Any], candidate_json: dict[str, Any]) -> dict[str, Any]:
-        """Check and time a candidate again in a fresh worker (the best kernel, before it is reported)."""
+        """Check and time a candidate again in a fresh worker (the best kernel, before it is reported), with
+        eager PyTorch timed again just before it, so that its speedup compares times taken side by side."""
         task = Task.from_json(task_json)
         candidate = Candidate(**candidate_json)
         build = await asyncio.to_thread(self.oracle.build, candidate)
-        return await self._checked_and_timed(task, candidate, build)
+        return await self._checked_and_timed(task, candidate, build, fresh_baseline=True)
 
     async def profile(self, task_json: dict[str, Any]) -> dict[str, Any]:
         """Profile the task's reference on this oracle's device (a trusted worker, holding the device alone)."""
@@ -75,7 +76,8 @@ class OracleActor:
             finally:
                 self.busy["timing"] -= 1
 
-    async def _checked_and_timed(self, task: Task, candidate: Candidate, build: Any) -> dict[str, Any]:
+    async def _checked_and_timed(self, task: Task, candidate: Candidate, build: Any,
+                                 fresh_baseline: bool = False) -> dict[str, Any]:
         """The device slot: checks run with generation going on; only what is timed holds the gate."""
         loop = asyncio.get_running_loop()
 
@@ -96,7 +98,7 @@ class OracleActor:
         async with self.device_slots:
             self.busy["timing"] += 1
             try:
-                verdict = await asyncio.to_thread(self.oracle.check_and_time, task, candidate, build, quiet)
+                verdict = await asyncio.to_thread(self.oracle.check_and_time, task, candidate, build, quiet, fresh_baseline)
             finally:
                 self.busy["timing"] -= 1
         return verdict.to_json()

@@ -65,6 +65,24 @@ def test_second_evaluation_builds_nothing(oracle, task, first_correct, cache):
     assert other.build(other.extract(task, text("correct"))).cached
 
 
+def test_fresh_baseline_replaces_a_skewed_cached_one(oracle, task, first_correct, cache):
+    """A best kernel is re-timed against eager PyTorch timed again just before it, not against a cached
+    baseline measured under other load: here the cached one is made 1000x too slow."""
+    files = list((cache / "baselines").glob("*.json"))
+    assert len(files) == 1
+    data = json.loads(files[0].read_text())
+    true_eager = data["eager"]["median_ms"]
+    data["eager"]["median_ms"] = true_eager * 1000
+    files[0].write_text(json.dumps(data))
+    skewed = Oracle(OracleConfig(device="cpu", cache_dir=cache, timing=oracle.config.timing))
+    candidate = skewed.extract(task, text("correct"))
+    assert skewed.check_and_time(task, candidate, skewed.build(candidate)).eager_ms == pytest.approx(true_eager * 1000)
+    fresh = skewed.check_and_time(task, candidate, skewed.build(candidate), fresh_baseline=True)
+    assert fresh.status == "correct", fresh.message
+    assert fresh.eager_ms < true_eager * 20  # measured now (a loaded machine may differ a few times, not 1000)
+    assert json.loads(files[0].read_text())["eager"]["median_ms"] == pytest.approx(fresh.eager_ms)  # the cache too
+
+
 def test_same_extension_in_other_python_is_not_rebuilt(oracle, task, first_correct):
     v = oracle.evaluate(task, text("wrong_slope"))
     assert v.build_s == 0.0 and v.build_cached
