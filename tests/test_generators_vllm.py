@@ -242,6 +242,43 @@ class TestVLLMGenerator:
         got = [c for _, c in loop.run(collect(gen, request("after", [1, 2], max_tokens=8)), timeout=300)]
         assert gen.restarts == 1 and len(got) == 2 and all(c.error is None and c.tokens > 0 for c in got)
 
+    # pausing the engine, as the timing gate does while an oracle on the same GPU times
+    def test_a_paused_engine_emits_nothing_until_resumed(self, gen: Any, loop: Loop) -> None:
+        seeds = [21, 22, 23]
+        reference = {c.index: c.text for _, c in loop.run(collect(gen, request("unpaused", seeds, max_tokens=48)))}
+
+        async def scenario() -> tuple[list[tuple[float, Completion]], float, float, bool]:
+            got: list[tuple[float, Completion]] = []
+            start = time.monotonic()
+
+            async def consume() -> None:
+                async for c in gen.sample(request("paused", seeds, max_tokens=48)):
+                    got.append((time.monotonic() - start, c))
+
+            task = asyncio.create_task(consume())
+            while not got:  # the first sample is out; with max_num_seqs=1 the second is mid-way
+                await asyncio.sleep(0.01)
+            await gen.pause()
+            paused_at = time.monotonic() - start
+            frozen = await gen._engine.is_paused()
+            await asyncio.sleep(3.0)  # far longer than a sample takes
+            resumed_at = time.monotonic() - start
+            await gen.resume()
+            await asyncio.wait_for(task, 120)
+            return got, paused_at, resumed_at, frozen
+
+        got, paused_at, resumed_at, frozen = loop.run(scenario(), timeout=180)
+        during = [c.index for t, c in got if paused_at < t < resumed_at]
+        print(f"vllm pause: arrivals {[round(t, 2) for t, _ in got]}, paused {paused_at:.2f}-{resumed_at:.2f} s")
+        assert frozen and not during, f"samples {during} came out of a paused engine"
+        assert sorted(c.index for _, c in got) == [0, 1, 2] and all(c.error is None for _, c in got)
+        assert sum(t > resumed_at for t, _ in got) >= 2, "the samples did not wait for the resume"
+        # "keep" freezes running requests in place: a sample paused half-way finishes with the same text.
+        assert {c.index: c.text for _, c in got} == reference
+        assert not loop.run(gen._engine.is_paused())
+
+
+
 
 # -- the OpenAI-compatible client against vLLM's own server --------------------------------------------------
 
@@ -354,60 +391,3 @@ class TestOpenAIGenerator:
         after = loop.run(collect(gen, request("after", [5], max_tokens=4)))
         print(f"openai abort: first after {got[0][0]:.2f} s; a new sample after the abort took {time.monotonic() - start:.2f} s")
         assert after[0][1].error is None and time.monotonic() - start < 1.5
-
-
-# -- pausing the engine while an oracle on the same GPU times ------------------------------------------------
-
-
-@pytest.mark.slow
-class TestVLLMPause:
-    @pytest.fixture(scope="class")
-    @classmethod
-    def loop(cls) -> Any:
-        loop = Loop()
-        yield loop
-        loop.stop()
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def gen(cls, tiny_model: Path, loop: Loop) -> Any:
-        async def start() -> Any:
-            return make_generator(f"vllm:{tiny_model}", seed=0, **ENGINE)
-
-        gen = loop.run(start(), timeout=300)
-        yield gen
-        loop.run(gen.close(), timeout=60)
-
-    def test_a_paused_engine_emits_nothing_until_resumed(self, gen: Any, loop: Loop) -> None:
-        seeds = [21, 22, 23]
-        reference = {c.index: c.text for _, c in loop.run(collect(gen, request("unpaused", seeds, max_tokens=48)))}
-
-        async def scenario() -> tuple[list[tuple[float, Completion]], float, float, bool]:
-            got: list[tuple[float, Completion]] = []
-            start = time.monotonic()
-
-            async def consume() -> None:
-                async for c in gen.sample(request("paused", seeds, max_tokens=48)):
-                    got.append((time.monotonic() - start, c))
-
-            task = asyncio.create_task(consume())
-            while not got:  # the first sample is out; with max_num_seqs=1 the second is mid-way
-                await asyncio.sleep(0.01)
-            await gen.pause()
-            paused_at = time.monotonic() - start
-            frozen = await gen._engine.is_paused()
-            await asyncio.sleep(3.0)  # far longer than a sample takes
-            resumed_at = time.monotonic() - start
-            await gen.resume()
-            await asyncio.wait_for(task, 120)
-            return got, paused_at, resumed_at, frozen
-
-        got, paused_at, resumed_at, frozen = loop.run(scenario(), timeout=180)
-        during = [c.index for t, c in got if paused_at < t < resumed_at]
-        print(f"vllm pause: arrivals {[round(t, 2) for t, _ in got]}, paused {paused_at:.2f}-{resumed_at:.2f} s")
-        assert frozen and not during, f"samples {during} came out of a paused engine"
-        assert sorted(c.index for _, c in got) == [0, 1, 2] and all(c.error is None for _, c in got)
-        assert sum(t > resumed_at for t, _ in got) >= 2, "the samples did not wait for the resume"
-        # "keep" freezes running requests in place: a sample paused half-way finishes with the same text.
-        assert {c.index: c.text for _, c in got} == reference
-        assert not loop.run(gen._engine.is_paused())
