@@ -198,7 +198,7 @@ class Oracle:
             return BuildOutcome(key, key_dir, False, False, outcome.elapsed_s, "runtime_error",
                                 f"the build worker {outcome.crashed}: {_last_line(outcome.stderr_tail)}")
         r = outcome.result
-        if self.pch is not None:
+        if self.pch is not None and r["error_kind"] is None:  # flags that built: worth a header
             for wanted in r.get("pch_wanted") or []:  # made beside the search, for the builds after this one
                 request_header(self.pch, PchSpec.from_json(wanted))
         if r["error_kind"] == "compile":
