@@ -9,7 +9,10 @@ import pytest
 from oracle import Oracle, OracleConfig
 from tasks import Selection, load_tasks
 
-pytestmark = pytest.mark.gpu
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATES = ROOT / "benchmarks" / "candidates"
 DATA = next((p for p in (ROOT / ".shared" / "kernelbench" / "kernelbench_levels1-3.jsonl",
