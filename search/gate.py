@@ -1,7 +1,7 @@
-"""The timing gate: generation pauses while an oracle that shares its GPU checks and times a candidate.
+"""The timing gate: generation pauses while an oracle that shares its GPU times something.
 
-An oracle on a shared GPU calls `pause(key, holder)` before its timing slot starts and `resume(key, holder)`
-when it ends; the gate pauses every generator registered under that key (the GPU group, see
+An oracle on a shared GPU calls `pause(key, holder)` before it times (a candidate, a baseline, a profile;
+checks run beside generation) and `resume(key, holder)` when that ends; the gate pauses every generator registered under that key (the GPU group, see
 `search.placement`; `all` reaches every generator) and resumes it only when no oracle holds one of its keys
 any more (reference counting: with several oracles timing, generation resumes after the last one). `pause`
 returns once the generators report they are paused, which for vLLM means its scheduler is frozen and the

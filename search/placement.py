@@ -10,8 +10,8 @@
 - **Shared** (one GPU, or too few): each replica gets a Ray placement group of `tp` one-GPU bundles; an oracle
   that has no GPU of its own takes half of one bundle (`num_gpus=0.5`) and the replica's engine the other
   half, so both land on the same physical GPU. vLLM's memory share stays capped (0.6, the generator's
-  default) so the oracle fits, and the oracle pauses the engine while it checks and times a candidate (the
-  timing gate, `search.gate`), keyed by the group: only the generator on that GPU is paused. With `tp > 1`
+  default) so the oracle fits, and the oracle pauses the engine while it times something (a candidate, a
+  baseline; checks run beside generation) through the timing gate (`search.gate`), keyed by the group: only the generator on that GPU is paused. With `tp > 1`
   the replica's actor holds no GPU itself; vLLM's Ray executor puts its workers on the group's bundles with
   `VLLM_RAY_PER_WORKER_GPUS=0.5`.
 - `share=True` (`--share-generator`) forces the shared path: on a CPU machine nothing is co-located, but
