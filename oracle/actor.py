@@ -64,12 +64,13 @@ class OracleActor:
         from oracle.profile import profile_task
 
         task = Task.from_json(task_json)
+        quiet = self._quiet(asyncio.get_running_loop())
 
         def alone() -> dict[str, Any]:
-            with self.oracle.device_lock.exclusive():
+            with self.oracle.alone(), quiet():
                 return profile_task(task, self.oracle.config.device, self.oracle.threads, self.oracle.config.init_seed)
 
-        async with self.device_slots, self._gated():
+        async with self.device_slots:
             self.busy["timing"] += 1
             try:
                 return await asyncio.to_thread(alone)
@@ -79,22 +80,7 @@ class OracleActor:
     async def _checked_and_timed(self, task: Task, candidate: Candidate, build: Any,
                                  fresh_baseline: bool = False) -> dict[str, Any]:
         """The device slot: checks run with generation going on; only what is timed holds the gate."""
-        loop = asyncio.get_running_loop()
-
-        @contextlib.contextmanager
-        def quiet():
-            if self.gate is None:
-                yield
-                return
-            # called from the slot's thread: the gate is awaited on this actor's event loop
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self._gate_call("pause"), loop).result(timeout=120)
-            try:
-                yield
-            finally:
-                with contextlib.suppress(Exception):
-                    asyncio.run_coroutine_threadsafe(self._gate_call("resume"), loop).result(timeout=120)
-
+        quiet = self._quiet(asyncio.get_running_loop())
         async with self.device_slots:
             self.busy["timing"] += 1
             try:
@@ -103,23 +89,28 @@ class OracleActor:
                 self.busy["timing"] -= 1
         return verdict.to_json()
 
+    def _quiet(self, loop: asyncio.AbstractEventLoop):
+        """A context manager for the slot's thread: with a timing gate (a generator shares this GPU),
+        generation is paused while it is held. The gate is awaited on this actor's event loop; a gate that
+        is gone costs the pause, never the verdict."""
+
+        def call(name: str) -> None:
+            if self.gate is not None:
+                with contextlib.suppress(Exception):
+                    asyncio.run_coroutine_threadsafe(self._gate_call(name), loop).result(timeout=120)
+
+        @contextlib.contextmanager
+        def quiet():
+            call("pause")
+            try:
+                yield
+            finally:
+                call("resume")
+
+        return quiet
+
     async def _gate_call(self, name: str) -> None:
         await getattr(self.gate, name).remote(self.gate_key, self.holder)
-
-    @contextlib.asynccontextmanager
-    async def _gated(self):
-        """With a timing gate (a generator shares this GPU): generation is paused for the whole slot
-        (profiling times the reference throughout)."""
-        if self.gate is None:
-            yield
-            return
-        with contextlib.suppress(Exception):  # a gate that is gone costs the pause, never the verdict
-            await self.gate.pause.remote(self.gate_key, self.holder)
-        try:
-            yield
-        finally:
-            with contextlib.suppress(Exception):
-                await self.gate.resume.remote(self.gate_key, self.holder)
 
     def stats(self) -> dict[str, Any]:
         lock = self.oracle.device_lock

@@ -236,12 +236,12 @@ class Oracle:
         quiet = quiet or contextlib.nullcontext
         try:
             if fresh_baseline:
-                with self._alone(None), quiet():
+                with self.alone(None), quiet():
                     self.refresh_baselines(task)
             if self.has_reference(task):
                 reference = self.reference(task)
             else:
-                with self._alone(None), quiet():
+                with self.alone(None), quiet():
                     reference = self.reference(task)
         except ReferenceError as exc:
             return self._verdict(task, "runtime_error", f"the reference failed, not the candidate: {exc}", **base)
@@ -263,7 +263,7 @@ class Oracle:
             if isinstance(checked, Verdict):
                 return checked
             verify_s = time.perf_counter() - t0
-            with self._alone(worker), quiet():
+            with self.alone(worker), quiet():
                 worker.send(cmd="time")
                 outcome = run_to_result(worker, close=False)
             if outcome.timed_out_phase or outcome.result is None or outcome.result.get("status") != "timed":
@@ -285,7 +285,7 @@ class Oracle:
         return self._scored(task, timing, reference, base, checked["flags"], verify_s, outcome.elapsed_s)
 
     @contextlib.contextmanager
-    def _alone(self, own: Worker | None):
+    def alone(self, own: Worker | None = None):
         """The device to this thread alone: no check runs, and every other candidate's worker is stopped
         (SIGSTOP) so that nothing it left running can launch work on the device meanwhile."""
         with self.device_lock.exclusive():

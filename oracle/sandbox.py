@@ -201,9 +201,10 @@ class Worker:
 
     def signal(self, sig: int) -> None:
         """Send a signal to the worker's process group (SIGSTOP/SIGCONT while another candidate is timed)."""
-        if self.process.pid:
-            try:
-                os.killpg(self.process.pid, sig)
+        pid = self.process.pid
+        if pid:
+            try:  # its own group once it has started (setsid); the process alone before that
+                os.killpg(pid, sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
 
@@ -227,11 +228,11 @@ class Worker:
                 except (ProcessLookupError, PermissionError):
                     pass
         self.process.join(timeout=5)
-        for attempt in range(3):
+        for _ in range(3):  # marked ones still exec-ing when the worker died; scan again while any are found
             left = _marked(self.marker, self.dir)
-            _kill_all(left)
-            if not left and attempt:
+            if not left:
                 break
+            _kill_all(left)
             time.sleep(0.05)
         self.conn.close()
         shutil.rmtree(self.dir, ignore_errors=True)
