@@ -42,25 +42,27 @@ class PchSpec:
 
     cxx: str
     cflags: tuple[str, ...]
+    torch: str  # the version whose headers it holds: an upgrade in place keeps their path, not their text
 
     @property
     def key(self) -> str:
-        return hashlib.sha256(json.dumps([self.cxx, self.cflags, _compiler_version(self.cxx)]).encode()).hexdigest()[:16]
+        parts = [self.cxx, self.cflags, self.torch, _compiler_version(self.cxx)]
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
     def to_json(self) -> dict[str, Any]:
-        return {"cxx": self.cxx, "cflags": list(self.cflags)}
+        return {"cxx": self.cxx, "cflags": list(self.cflags), "torch": self.torch}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "PchSpec":
-        return cls(str(data["cxx"]), tuple(str(f) for f in data["cflags"]))
+        return cls(str(data["cxx"]), tuple(str(f) for f in data["cflags"]), str(data["torch"]))
 
 
 def default_root() -> Path:
     """`$KERNELSEARCH_PCH`, else `pch/` in the cache folder. Headers depend only on the toolchain, so
     caches of separate runs may share one folder of them (each header is several hundred MB)."""
-    if os.environ.get("KERNELSEARCH_PCH"):
-        return Path(os.environ["KERNELSEARCH_PCH"])
-    return Path(os.environ.get("KERNELSEARCH_CACHE", Path.home() / ".cache" / "kernelsearch")) / "pch"
+    from oracle.build import DEFAULT_CACHE
+
+    return Path(os.environ["KERNELSEARCH_PCH"]) if os.environ.get("KERNELSEARCH_PCH") else DEFAULT_CACHE / "pch"
 
 
 def header_folder(root: Path, spec: PchSpec) -> Path:
@@ -118,7 +120,9 @@ def spec_for(extra_cflags: list[str] | None, extra_include_paths: list[str] | No
     if not _is_gcc(cxx):
         return None
     flags = tuple(f for f in shlex.split(cflags) if not f.startswith("-DTORCH_EXTENSION_NAME="))
-    return PchSpec(cxx, flags)
+    import torch
+
+    return PchSpec(cxx, flags, torch.__version__)
 
 
 def _ninja_variables(text: str) -> dict[str, str]:

@@ -40,6 +40,7 @@ def test_spec_reads_pytorchs_own_flags_without_the_extension_name():
     assert not any(f.startswith("-DTORCH_EXTENSION_NAME") for f in spec.cflags)
     assert spec.key == spec_for(["-O3"], None, with_cuda=False).key
     assert spec.key != spec_for(["-O2"], None, with_cuda=False).key  # flags that change code change the header
+    assert spec.torch and spec.key != PchSpec(spec.cxx, spec.cflags, "0.0").key  # so does another torch
 
 
 def test_choices_are_kept_with_the_built_extension(tmp_path):
