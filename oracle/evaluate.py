@@ -20,6 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
@@ -32,7 +33,7 @@ from oracle.compare import compare
 from oracle.device_lock import DeviceLock
 from oracle.extract import extract
 from oracle.pch import PchSpec, default_root, request_header
-from oracle.sandbox import PhaseTimeout, Worker, WorkerDied, WorkerOutcome, run_to_result
+from oracle.sandbox import PhaseTimeout, Worker, WorkerDied, WorkerOutcome, run_to_result, signal_tree
 from oracle.timing import TimingParams, block_calls
 from oracle.verdict import Verdict
 from tasks.fitting import shrink_once
@@ -149,6 +150,11 @@ class Oracle:
         self._ref_lock = threading.Lock()
         self.device_lock = DeviceLock()
         self._workers: set[Worker] = set()  # candidate workers alive now (stopped while another is timed)
+        # On a CPU the device is the cores a compiler uses too: builds and header makers are stopped while
+        # something is timed, or a 20-second g++ beside a 2 ms kernel makes its time (and the choice of the
+        # fastest kernel) noise.
+        self._builders: set[Worker] = set()
+        self._header_makers: list[subprocess.Popen] = []
         self._workers_lock = threading.Lock()
 
     # ------------------------------------------------------------ the whole way
@@ -190,7 +196,13 @@ class Oracle:
                "max_file_bytes": 2 * MIN_FILE_CAP}  # the extension's .so and the compiler's files fit
         # CUDA hidden: a build slot compiles only, the GPU stays with the timing slot.
         worker = Worker(harness.build_entry, job, {"candidate.py": candidate.source}, env={"CUDA_VISIBLE_DEVICES": ""})
-        outcome = run_to_result(worker)
+        with self._workers_lock:
+            self._builders.add(worker)
+        try:
+            outcome = run_to_result(worker)
+        finally:
+            with self._workers_lock:
+                self._builders.discard(worker)
         if outcome.timed_out_phase:
             return BuildOutcome(key, key_dir, False, False, outcome.elapsed_s, "timeout",
                                 f"building took longer than {self.config.build_timeout_s:.0f} s")
@@ -200,7 +212,10 @@ class Oracle:
         r = outcome.result
         if self.pch is not None and r["error_kind"] is None:  # flags that built: worth a header
             for wanted in r.get("pch_wanted") or []:  # made beside the search, for the builds after this one
-                request_header(self.pch, PchSpec.from_json(wanted))
+                maker = request_header(self.pch, PchSpec.from_json(wanted))
+                if maker is not None:
+                    with self._workers_lock:
+                        self._header_makers = [m for m in self._header_makers if m.poll() is None] + [maker]
         if r["error_kind"] == "compile":
             failed_file.write_text(json.dumps({"message": r["message"], "build_s": r["build_s"]}))
             return BuildOutcome(key, key_dir, False, False, r["build_s"], "compile_error", r["message"])
@@ -287,17 +302,22 @@ class Oracle:
     @contextlib.contextmanager
     def alone(self, own: Worker | None = None):
         """The device to this thread alone: no check runs, and every other candidate's worker is stopped
-        (SIGSTOP) so that nothing it left running can launch work on the device meanwhile."""
+        (SIGSTOP) so that nothing it left running can launch work on the device meanwhile. On a CPU the
+        compilers are stopped too (builds and header makers, with every process they started): they resume,
+        a little later, once the timing is done."""
         with self.device_lock.exclusive():
             with self._workers_lock:
-                others = [w for w in self._workers if w is not own]
-            for w in others:
-                w.signal(signal.SIGSTOP)
+                others = [w.signal for w in self._workers if w is not own]
+                if self.config.device == "cpu":
+                    others += [w.signal for w in self._builders]
+                    others += [partial(signal_tree, m.pid) for m in self._header_makers if m.poll() is None]
+            for send in others:
+                send(signal.SIGSTOP)
             try:
                 yield
             finally:
-                for w in others:
-                    w.signal(signal.SIGCONT)
+                for send in others:
+                    send(signal.SIGCONT)
 
     def _run_checks(self, task: Task, worker: Worker, base: dict) -> dict | Verdict:
         """Drive the worker through its checks; its `checked` report, or the verdict that ends the evaluation."""

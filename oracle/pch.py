@@ -179,24 +179,24 @@ def make_header(root: Path, spec: PchSpec, wait: bool = True, timeout_s: float =
 _requested: set[tuple[str, str]] = set()
 
 
-def request_header(root: Path, spec: PchSpec) -> bool:
-    """Start making the header in a detached process, unless it exists, failed before, is being made, or
-    this process asked for it already. The process outlives a short-lived caller (`kernelsearch eval`) and
-    finishes the header for the builds after it."""
+def request_header(root: Path, spec: PchSpec) -> subprocess.Popen | None:
+    """Start making the header in a detached process (its own session and process group), unless it exists,
+    failed before, is being made, or this process asked for it already; returns the process, if started.
+    The process outlives a short-lived caller (`kernelsearch eval`) and finishes the header for the builds
+    after it."""
     if (str(root), spec.key) in _requested or is_ready(root, spec) or (root / f"{spec.key}.failed.txt").exists():
-        return False
+        return None
     _requested.add((str(root), spec.key))
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f"{spec.key}.lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: nobody is making it now
         except BlockingIOError:
-            return False
+            return None
     with open(root / f"{spec.key}.log", "w") as log:
-        subprocess.Popen([sys.executable, "-m", "oracle.pch", str(root), json.dumps(spec.to_json())],
-                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                         cwd=str(Path(__file__).resolve().parent.parent))
-    return True
+        return subprocess.Popen([sys.executable, "-m", "oracle.pch", str(root), json.dumps(spec.to_json())],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=str(Path(__file__).resolve().parent.parent))
 
 
 if __name__ == "__main__":

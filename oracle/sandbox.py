@@ -200,13 +200,10 @@ class Worker:
             return ""
 
     def signal(self, sig: int) -> None:
-        """Send a signal to the worker's process group (SIGSTOP/SIGCONT while another candidate is timed)."""
-        pid = self.process.pid
-        if pid:
-            try:  # its own group once it has started (setsid); the process alone before that
-                os.killpg(pid, sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        """Send a signal to the worker and everything it started (SIGSTOP/SIGCONT while another candidate
+        is timed)."""
+        if self.process.pid:
+            signal_tree(self.process.pid, sig)
 
     def close(self) -> None:
         """Kill the worker, everything it started, and remove its folder.
@@ -266,6 +263,22 @@ def _descendants(root: int) -> set[int]:
                 found.add(child)
                 todo.append(child)
     return found
+
+
+def signal_tree(pid: int, sig: int) -> None:
+    """Signal a process, its group if it leads one, and every process below it, also those in groups of
+    their own (ninja starts each compiler command in a new process group). A SIGSTOP is sent to the
+    descendants twice: a child forked between the first scan and its parent's stop is caught by the second."""
+    try:
+        os.killpg(pid, sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return
+    for _ in range(2 if sig == signal.SIGSTOP else 1):
+        for child in _descendants(pid):
+            try:
+                os.kill(child, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def _marked(marker: str, job_dir: Path) -> set[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +14,7 @@ import pytest
 from oracle import Oracle, OracleConfig
 from oracle.device_lock import DeviceLock
 from oracle.harness import build_entry
-from oracle.sandbox import Worker
+from oracle.sandbox import Worker, _descendants
 from oracle.timing import TimingParams
 from tasks import Selection, load_tasks
 
@@ -167,6 +168,93 @@ def test_timing_alone_stops_the_other_candidates_workers(tmp_path):
     finally:
         for w in workers:
             w.close()
+
+
+def _group(pid: int) -> list[int]:
+    """The processes of the group `pid` leads."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == pid:
+                    found.append(int(entry.name))
+            except ProcessLookupError:
+                pass
+    return found
+
+
+def _start_in_own_group(worker: Worker) -> None:
+    deadline = time.monotonic() + 30
+    while os.getpgid(worker.process.pid) != worker.process.pid and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+# A stand-in build: a worker that starts a child process (as a build starts ninja and g++) and waits.
+FORKS = "import subprocess, time\nsubprocess.Popen(['sleep', '60'])\ntime.sleep(60)\n"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_on_a_cpu_timing_stops_builds_and_header_makers(tmp_path, device):
+    """On a CPU the compilers share the cores being timed: a build worker with its children, and a detached
+    header maker, are stopped while something is timed and run on afterwards. On a GPU they run on."""
+    oracle = Oracle(OracleConfig(device=device, cache_dir=tmp_path))
+    job = {"cache": str(tmp_path), "candidate_path": "build.py", "build_timeout_s": 60}
+    builder = Worker(build_entry, job, files={"build.py": FORKS})
+    maker = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        _start_in_own_group(builder)
+        deadline = time.monotonic() + 30
+        while len(_group(builder.process.pid)) < 2 and time.monotonic() < deadline:  # its child has started
+            time.sleep(0.05)
+        compilers = [*_group(builder.process.pid), maker.pid]
+        assert len(compilers) == 3
+        oracle._builders.add(builder)
+        oracle._header_makers.append(maker)
+        with oracle.alone(None):
+            time.sleep(0.2)
+            states = {_state(pid) for pid in compilers}
+            assert states == {"T"} if device == "cpu" else "T" not in states, states
+        time.sleep(0.2)
+        assert "T" not in {_state(pid) for pid in compilers}
+    finally:
+        builder.close()
+        maker.kill()
+        maker.wait()
+
+
+@pytest.mark.slow
+def test_a_real_cpu_build_pauses_while_a_candidate_is_timed(tmp_path):
+    """`Oracle.build` registers its worker: while the device is held alone, the C++ compiler it runs makes
+    no progress (its CPU time stands still), and the build still succeeds afterwards."""
+    task = load_tasks("builtin", Selection(task_ids=frozenset({"builtin/1_LeakyReLU_Scale"})), 256).tasks[0]
+    oracle = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path, precompiled_headers=False))
+    candidate = oracle.extract(task, (CANDIDATES / "leaky_correct.py").read_text())
+    with ThreadPoolExecutor(1) as pool:
+        build = pool.submit(oracle.build, candidate)
+        compiler = None
+        deadline = time.monotonic() + 120
+        while compiler is None and time.monotonic() < deadline and not build.done():
+            for w in list(oracle._builders):
+                for pid in _descendants(w.process.pid):  # ninja starts the compiler in a group of its own
+                    try:
+                        if Path(f"/proc/{pid}/comm").read_text().strip() == "cc1plus":
+                            compiler = pid
+                    except FileNotFoundError:
+                        pass
+            time.sleep(0.1)
+        assert compiler is not None, "no compiler seen while building"
+
+        def cpu_ticks() -> int:
+            fields = Path(f"/proc/{compiler}/stat").read_text().rsplit(")", 1)[1].split()
+            return int(fields[11]) + int(fields[12])  # utime + stime
+
+        with oracle.alone(None):
+            time.sleep(0.3)
+            before = cpu_ticks()
+            time.sleep(1.0)
+            assert _state(compiler) == "T" and cpu_ticks() == before
+        outcome = build.result(timeout=900)
+    assert outcome.ok and not oracle._builders, outcome.message
 
 
 @pytest.mark.slow
