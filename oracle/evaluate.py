@@ -69,6 +69,7 @@ class OracleConfig:
     cache_dir: Path | None = None
     threads: int | None = None  # torch threads in workers (default: every core, the same for candidate and baselines)
     precompiled_headers: bool = True  # build C++ halves against a precompiled torch/extension.h (oracle.pch)
+    stop_builds_while_timing: bool = True  # on a CPU: compilers share the cores being timed
     pch_dir: Path | None = None  # where those headers live (default: oracle.pch.default_root())
 
     check_slots: int | None = None  # candidates checked at once on the device (default: 4 on a GPU, 1 on a CPU)
@@ -308,7 +309,7 @@ class Oracle:
         with self.device_lock.exclusive():
             with self._workers_lock:
                 others = [w.signal for w in self._workers if w is not own]
-                if self.config.device == "cpu":
+                if self.config.device == "cpu" and self.config.stop_builds_while_timing:
                     others += [w.signal for w in self._builders]
                     others += [partial(signal_tree, m.pid) for m in self._header_makers if m.poll() is None]
             for send in others:

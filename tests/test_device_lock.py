@@ -193,11 +193,12 @@ def _start_in_own_group(worker: Worker) -> None:
 FORKS = "import subprocess, time\nsubprocess.Popen(['sleep', '60'])\ntime.sleep(60)\n"
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_on_a_cpu_timing_stops_builds_and_header_makers(tmp_path, device):
+@pytest.mark.parametrize(("device", "stop"), [("cpu", True), ("cpu", False), ("cuda", True)])
+def test_on_a_cpu_timing_stops_builds_and_header_makers(tmp_path, device, stop):
     """On a CPU the compilers share the cores being timed: a build worker with its children, and a detached
-    header maker, are stopped while something is timed and run on afterwards. On a GPU they run on."""
-    oracle = Oracle(OracleConfig(device=device, cache_dir=tmp_path))
+    header maker, are stopped while something is timed and run on afterwards. On a GPU, or when the user
+    turns it off, they run on."""
+    oracle = Oracle(OracleConfig(device=device, cache_dir=tmp_path, stop_builds_while_timing=stop))
     job = {"cache": str(tmp_path), "candidate_path": "build.py", "build_timeout_s": 60}
     builder = Worker(build_entry, job, files={"build.py": FORKS})
     maker = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -213,7 +214,7 @@ def test_on_a_cpu_timing_stops_builds_and_header_makers(tmp_path, device):
         with oracle.alone(None):
             time.sleep(0.2)
             states = {_state(pid) for pid in compilers}
-            assert states == {"T"} if device == "cpu" else "T" not in states, states
+            assert states == {"T"} if device == "cpu" and stop else "T" not in states, states
         time.sleep(0.2)
         assert "T" not in {_state(pid) for pid in compilers}
     finally:
