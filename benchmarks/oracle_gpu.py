@@ -11,8 +11,10 @@ times, each in a fresh worker process) to show how well a median repeats. Rows p
 on time with a complete table. The cost of starting a worker is measured first.
 
 The whole catalogue (53 CUDA candidates for 35 tasks) takes over 20 minutes on one H200, most of it the
-`torch.compile` baselines (about 17 s a task, one task at a time) and the checks; the ten tasks of the
-first table in RESULTS.md take under 10 minutes. On a CPU (`--device cpu`) only the `*_cpp.py` variants run.
+`torch.compile` baselines (about 17 s a task, one task at a time) and the checks. The ten tasks of the
+first table in RESULTS.md took about 10 minutes: under a 10-minute limit per command, run them as two
+(`--level 1 --ids 19,21,23,36,47`, then `--level 2 --ids 1,2,4,7,9`). On a CPU (`--device cpu`) only the
+`*_cpp.py` variants run.
 """
 
 from __future__ import annotations
