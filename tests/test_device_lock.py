@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import threading
@@ -14,7 +15,7 @@ import pytest
 from oracle import Oracle, OracleConfig
 from oracle.device_lock import DeviceLock
 from oracle.harness import build_entry
-from oracle.sandbox import Worker, _descendants
+from oracle.sandbox import Worker, _descendants, signal_tree
 from oracle.timing import TimingParams
 from tasks import Selection, load_tasks
 
@@ -221,6 +222,35 @@ def test_on_a_cpu_timing_stops_builds_and_header_makers(tmp_path, device, stop):
         builder.close()
         maker.kill()
         maker.wait()
+
+
+def test_a_compiler_starting_during_a_timing_is_stopped_until_it_ends(tmp_path):
+    """A build slot freed during a timing starts the next build at once: that build (and a header maker
+    asked for meanwhile) must not run beside the timing either."""
+    oracle = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path))
+    job = {"cache": str(tmp_path), "candidate_path": "build.py", "build_timeout_s": 60}
+    builder, maker = None, None
+    try:
+        with oracle.alone(None):
+            builder = Worker(build_entry, job, files={"build.py": FORKS})
+            oracle._register_compiler(builder.signal, lambda: oracle._builders.add(builder))
+            maker = subprocess.Popen(["sleep", "60"], start_new_session=True)
+            oracle._register_compiler(functools.partial(signal_tree, maker.pid), lambda: oracle._header_makers.append(maker))
+            time.sleep(0.5)
+            assert _state(builder.process.pid) == "T" and _state(maker.pid) == "T"
+            assert len(_group(builder.process.pid)) <= 1  # stopped before it could start its child
+        time.sleep(0.2)
+        assert _state(builder.process.pid) != "T" and _state(maker.pid) != "T"
+        deadline = time.monotonic() + 30
+        while len(_descendants(builder.process.pid)) < 1 and time.monotonic() < deadline:  # it goes on
+            time.sleep(0.05)
+        assert _descendants(builder.process.pid)
+    finally:
+        if builder is not None:
+            builder.close()
+        if maker is not None:
+            maker.kill()
+            maker.wait()
 
 
 @pytest.mark.slow
