@@ -20,7 +20,6 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
@@ -33,7 +32,7 @@ from oracle.compare import compare
 from oracle.device_lock import DeviceLock
 from oracle.extract import extract
 from oracle.pch import PchSpec, default_root, request_header
-from oracle.sandbox import PhaseTimeout, Worker, WorkerDied, WorkerOutcome, run_to_result, signal_tree
+from oracle.sandbox import PhaseTimeout, Worker, WorkerDied, WorkerOutcome, run_to_result, signal_trees
 from oracle.timing import TimingParams, block_calls
 from oracle.verdict import Verdict
 from tasks.fitting import shrink_once
@@ -157,7 +156,7 @@ class Oracle:
         self._builders: set[Worker] = set()
         self._header_makers: list[subprocess.Popen] = []
         self._held_alone = False  # a timing holds the device now: a compiler starting meanwhile starts stopped
-        self._stopped_late: list[Callable[[int], None]] = []
+        self._stopped_late: list[int] = []  # pids of those
         self._workers_lock = threading.Lock()
 
     # ------------------------------------------------------------ the whole way
@@ -199,7 +198,7 @@ class Oracle:
                "max_file_bytes": 2 * MIN_FILE_CAP}  # the extension's .so and the compiler's files fit
         # CUDA hidden: a build slot compiles only, the GPU stays with the timing slot.
         worker = Worker(harness.build_entry, job, {"candidate.py": candidate.source}, env={"CUDA_VISIBLE_DEVICES": ""})
-        self._register_compiler(worker.signal, lambda: self._builders.add(worker))
+        self._register_compiler(worker.process.pid, lambda: self._builders.add(worker))
         try:
             outcome = run_to_result(worker)
         finally:
@@ -216,7 +215,7 @@ class Oracle:
             for wanted in r.get("pch_wanted") or []:  # made beside the search, for the builds after this one
                 maker = request_header(self.pch, PchSpec.from_json(wanted))
                 if maker is not None:
-                    self._register_compiler(partial(signal_tree, maker.pid), lambda m=maker: self._header_makers.append(m))
+                    self._register_compiler(maker.pid, lambda m=maker: self._header_makers.append(m))
         if r["error_kind"] == "compile":
             failed_file.write_text(json.dumps({"message": r["message"], "build_s": r["build_s"]}))
             return BuildOutcome(key, key_dir, False, False, r["build_s"], "compile_error", r["message"])
@@ -308,35 +307,31 @@ class Oracle:
         a little later, once the timing is done."""
         with self.device_lock.exclusive():
             with self._workers_lock:
-                others = [w.signal for w in self._workers if w is not own]
+                others = [w.process.pid for w in self._workers if w is not own]
                 if self._stops_compilers():
                     self._header_makers = [m for m in self._header_makers if m.poll() is None]
-                    others += [w.signal for w in self._builders]
-                    others += [partial(signal_tree, m.pid) for m in self._header_makers]
+                    others += [w.process.pid for w in self._builders] + [m.pid for m in self._header_makers]
                     self._held_alone = True
-                for send in others:
-                    send(signal.SIGSTOP)
+                signal_trees(others, signal.SIGSTOP)
             try:
                 yield
             finally:
                 with self._workers_lock:
                     self._held_alone = False
-                    others += self._stopped_late
+                    signal_trees(others + self._stopped_late, signal.SIGCONT)
                     self._stopped_late = []
-                    for send in others:
-                        send(signal.SIGCONT)
 
     def _stops_compilers(self) -> bool:
         return self.config.device == "cpu" and self.config.stop_builds_while_timing
 
-    def _register_compiler(self, send: Callable[[int], None], add: Callable[[], None]) -> None:
+    def _register_compiler(self, pid: int, add: Callable[[], None]) -> None:
         """Track a build worker or header maker that has just started; one that starts while a timing holds
         the device is stopped at once, and resumed with the others when the timing ends."""
         with self._workers_lock:
             add()
             if self._held_alone:
-                send(signal.SIGSTOP)
-                self._stopped_late.append(send)
+                signal_trees([pid], signal.SIGSTOP)
+                self._stopped_late.append(pid)
 
     def _run_checks(self, task: Task, worker: Worker, base: dict) -> dict | Verdict:
         """Drive the worker through its checks; its `checked` report, or the verdict that ends the evaluation."""

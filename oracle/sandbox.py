@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from oracle.protocol import receive, send
 
@@ -203,7 +203,7 @@ class Worker:
         """Send a signal to the worker and everything it started (SIGSTOP/SIGCONT while another candidate
         is timed)."""
         if self.process.pid:
-            signal_tree(self.process.pid, sig)
+            signal_trees([self.process.pid], sig)
 
     def close(self) -> None:
         """Kill the worker, everything it started, and remove its folder.
@@ -245,8 +245,8 @@ def _pids() -> list[int]:
         return []
 
 
-def _descendants(root: int) -> set[int]:
-    """Every process below `root` in the process tree, from /proc (Linux; empty elsewhere)."""
+def _descendants(*roots: int) -> set[int]:
+    """Every process below the `roots` in the process tree, from one scan of /proc (Linux; empty elsewhere)."""
     children: dict[int, list[int]] = {}
     for pid in _pids():
         try:
@@ -256,7 +256,7 @@ def _descendants(root: int) -> set[int]:
             continue
         children.setdefault(ppid, []).append(pid)
     found: set[int] = set()
-    todo = [root]
+    todo = list(roots)
     while todo:
         for child in children.get(todo.pop(), ()):
             if child not in found:
@@ -265,16 +265,22 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
-def signal_tree(pid: int, sig: int) -> None:
-    """Signal a process, its group if it leads one, and every process below it, also those in groups of
-    their own (ninja starts each compiler command in a new process group). A SIGSTOP is sent to the
-    descendants twice: a child forked between the first scan and its parent's stop is caught by the second."""
-    try:
-        os.killpg(pid, sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
+def signal_trees(pids: Iterable[int], sig: int) -> None:
+    """Signal processes, the groups they lead, and every process below them, also those in groups of their
+    own (ninja starts each compiler command in a new process group); one scan of /proc per pass. A SIGSTOP
+    is sent to the descendants twice: a child forked between the first scan and its parent's stop is caught
+    by the second."""
+    alive = []
+    for pid in pids:
+        try:
+            os.killpg(pid, sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
+            alive.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if not alive:
         return
     for _ in range(2 if sig == signal.SIGSTOP else 1):
-        for child in _descendants(pid):
+        for child in _descendants(*alive):
             try:
                 os.kill(child, sig)
             except (ProcessLookupError, PermissionError):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import threading
@@ -15,7 +14,7 @@ import pytest
 from oracle import Oracle, OracleConfig
 from oracle.device_lock import DeviceLock
 from oracle.harness import build_entry
-from oracle.sandbox import Worker, _descendants, signal_tree
+from oracle.sandbox import Worker, _descendants
 from oracle.timing import TimingParams
 from tasks import Selection, load_tasks
 
@@ -233,9 +232,9 @@ def test_a_compiler_starting_during_a_timing_is_stopped_until_it_ends(tmp_path):
     try:
         with oracle.alone(None):
             builder = Worker(build_entry, job, files={"build.py": FORKS})
-            oracle._register_compiler(builder.signal, lambda: oracle._builders.add(builder))
+            oracle._register_compiler(builder.process.pid, lambda: oracle._builders.add(builder))
             maker = subprocess.Popen(["sleep", "60"], start_new_session=True)
-            oracle._register_compiler(functools.partial(signal_tree, maker.pid), lambda: oracle._header_makers.append(maker))
+            oracle._register_compiler(maker.pid, lambda: oracle._header_makers.append(maker))
             time.sleep(0.5)
             assert _state(builder.process.pid) == "T" and _state(maker.pid) == "T"
             assert len(_group(builder.process.pid)) <= 1  # stopped before it could start its child
