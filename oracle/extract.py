@@ -1,5 +1,8 @@
 """Pull the candidate module (the code that defines `ModelNew`) out of a model's completion.
 
+`candidate_from_completion` is the one way from a completion's text to what the oracle judges: a `Candidate`
+(source, backend, content hash), or the `no_code` verdict that says why there is none.
+
 Small code models wrap their answer in prose, reasoning sections, several drafts and sometimes a cut-off
 final block. Everything here is trusted-side text work: nothing is executed, only `ast.parse`d. Failures
 never raise; they come back as a one-line reason written to be fed to the model's next round.
@@ -13,7 +16,9 @@ import re
 import textwrap
 from dataclasses import dataclass, field
 
-from oracle.candidate import BACKENDS
+from oracle.candidate import BACKENDS, Candidate
+from oracle.verdict import Verdict
+from tasks.model import Task
 
 TARGET = "ModelNew"
 
@@ -494,7 +499,8 @@ def _backend_from_text(source: str) -> str:
 
 
 def detect_backend(source: str) -> str:
-    """One of BACKENDS: how the oracle must build and check this module (rules 5 and 11)."""
+    """One of BACKENDS: how the oracle must build and check this module (docs/oracle.md, Build and
+    Correctness)."""
     tree = _parse(source)
     if isinstance(tree, ast.Module):
         return _backend_from_ast(tree, source)
@@ -512,3 +518,20 @@ def extract(text: str, backend: str = "auto") -> Extraction:
     if backend == "auto" or backend == detected:
         return Extraction(source, detected, reason)
     return Extraction(source, backend, f"{reason}; backend {backend} as given (the code looks like {detected})")
+
+
+# ---------------------------------------------------------------- completion -> candidate
+
+
+def no_code_verdict(task: Task, message: str, device: str = "cpu") -> Verdict:
+    """The verdict on a completion that holds nothing to judge, with the fields every verdict has."""
+    return Verdict(task=task.id, status="no_code", message=message, device=device, sizes=dict(task.sizes))
+
+
+def candidate_from_completion(task: Task, text: str, backend: str = "auto", device: str = "cpu") -> Candidate | Verdict:
+    """What the oracle judges for a completion: the candidate module with its backend and hash, or a
+    `no_code` verdict with the reason, written for the model. `backend` as for `extract`."""
+    found = extract(text, backend)
+    if found.source is None:
+        return no_code_verdict(task, found.reason, device)
+    return Candidate.make(task.id, found.source, found.backend or "torch")

@@ -1,11 +1,40 @@
-"""The verdict: what the oracle says about one candidate, in a form a search and a model can both use."""
+"""The verdict: what the oracle says about one candidate, in a form a search and a model can both use.
+
+This module also holds the project's one vocabulary of statuses: the oracle's verdicts, the search's
+`cancelled`, which of them count as a judged sample, and how people see them (short names, colours).
+Everything that names a status (the oracle's worker protocol, statistics, the report, the live view, the
+CLI) imports it from here.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-STATUSES = ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "no_code")
+# What the oracle can say about a candidate.
+STATUSES = ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "unsupported", "no_code")
+# `unsupported`: the candidate could not be judged here (e.g. a Triton kernel where Triton is not installed).
+# It is neither the model's success nor its failure.
+UNSUPPORTED = "unsupported"
+# A sample whose task stopped before it was judged: a status of sample records, never of a verdict.
+CANCELLED = "cancelled"
+SAMPLE_STATUSES = STATUSES + (CANCELLED,)
+# Statuses that say nothing about the model: such samples are left out of n in pass@k and its kin.
+NOT_JUDGED = frozenset({UNSUPPORTED, CANCELLED})
+# The only verdicts a candidate's worker may report itself; anything else in its result is a fault.
+WORKER_STATUSES = frozenset({"runtime_error", "rejected", "incorrect", "compile_error"})
+
+# How tables and the live view name and colour each status (rich style names).
+SHORT_NAMES = {"correct": "ok", "incorrect": "wrong", "compile_error": "compile", "runtime_error": "runtime",
+               "timeout": "timeout", "rejected": "rejected", "unsupported": "unsupported", "no_code": "no code",
+               "cancelled": "cancelled"}
+STYLES = {"correct": "green", "incorrect": "red", "compile_error": "magenta", "runtime_error": "red",
+          "timeout": "yellow", "rejected": "yellow", "unsupported": "cyan", "no_code": "dim", "cancelled": "dim"}
+
+
+def is_judged(status: str) -> bool:
+    """Whether a sample with this status counts toward n: the oracle judged what the model wrote."""
+    return status not in NOT_JUDGED
 
 
 @dataclass
@@ -28,7 +57,7 @@ class Verdict:
     flags: list[str] = field(default_factory=list)  # e.g. "wall_clock_disagrees", "used_cache"
     timing: dict[str, Any] = field(default_factory=dict)  # spreads, call counts, the wall-clock cross-check
     sizes: dict[str, Any] = field(default_factory=dict)  # the task's fitted size constants
-    sol_ms: float | None = None  # the physical floor: bytes over bandwidth, FLOPs over peak (rule 14)
+    sol_ms: float | None = None  # the physical floor: bytes over bandwidth, FLOPs over peak (docs/oracle.md, Timing)
     sol_fraction: float | None = None  # sol_ms / time_ms: how close to the floor (1.0 would be at it)
 
     def __post_init__(self) -> None:
@@ -38,6 +67,11 @@ class Verdict:
     @property
     def correct(self) -> bool:
         return self.status == "correct"
+
+    @property
+    def device_s(self) -> float:
+        """Seconds the candidate held the oracle's device: its checks and its timing."""
+        return (self.verify_s or 0.0) + (self.time_s or 0.0)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -22,10 +22,13 @@ from oracle.extract import (
     REASON_NOT_TEXT,
     REASON_THINK_ONLY,
     Extraction,
+    candidate_from_completion,
     detect_backend,
     extract,
     extract_source,
 )
+from oracle.verdict import Verdict
+from tasks.model import Task
 
 FENCE = "```"
 
@@ -541,3 +544,15 @@ def test_candidate_make():
     with pytest.raises(ValueError):
         Candidate.make("level1/19_ReLU", CUDA_MODULE, "opencl")
     assert BACKENDS == ("cuda", "cpp", "triton", "torch")
+
+
+def test_one_way_from_a_completion_to_a_candidate_or_a_no_code_verdict():
+    task = Task(id="builtin/x", level=1, problem_id=1, name="x", origin="test", code="", sizes={"dim": 8})
+    found = candidate_from_completion(task, f"Here you go:\n{FENCE}python\n{CUDA_MODULE}\n{FENCE}\n", device="cuda")
+    assert isinstance(found, Candidate) and found.task_id == "builtin/x" and found.backend == "cuda"
+    assert found.hash == content_hash(found.source) and found.source.strip() == CUDA_MODULE.strip()
+    assert candidate_from_completion(task, CUDA_MODULE, backend="cpp").backend == "cpp"  # the user's word wins
+    verdict = candidate_from_completion(task, "Sorry, no code.", device="cuda")
+    # a verdict like the oracle's own: its device and the task's sizes, as every verdict has them
+    assert isinstance(verdict, Verdict) and verdict.status == "no_code" and verdict.message == REASON_NO_CODE
+    assert (verdict.task, verdict.device, verdict.sizes) == ("builtin/x", "cuda", {"dim": 8})
