@@ -64,17 +64,17 @@ async def main_async(args: argparse.Namespace) -> None:
     store = RunStore.create(out, make_config(settings, loaded.tasks, {}, resources))
     engine = await build_engine(settings)
     t1 = time.perf_counter()
-    def progress(record: dict) -> None:  # one line a sample, so a cut-off run still shows where it got
-        print(f"  [{time.perf_counter() - t1:6.1f} s] {record['task']} sample {record['sample']}: {record['status']}"
-              f"{' (duplicate)' if record['duplicate_of'] is not None else ''}", flush=True)
+    def progress(record) -> None:  # one line a sample (a SampleRecord), so a cut-off run still shows where it got
+        print(f"  [{time.perf_counter() - t1:6.1f} s] {record.task} sample {record.chain}: {record.status}"
+              f"{' (duplicate)' if record.duplicate_of is not None else ''}", flush=True)
 
     print(f"{len(loaded.tasks)} tasks, n={n}, Ray up in {ray_s:.1f} s; judging...", flush=True)
     await run_search(settings, loaded.tasks, store, on_record=progress, engine=engine)
     wall = time.perf_counter() - t1
     stats = await engine.pool.stats()
     rows = store.samples()
-    judged = [r for r in rows if r["duplicate_of"] is None]
-    counts = collections.Counter(r["status"] for r in judged)
+    judged = [r for r in rows if r.duplicate_of is None]
+    counts = collections.Counter(r.status for r in judged)
     busy = sum(s.get("device_busy_s", 0) for s in stats)
     print(f"\nengine run on {args.device}: {len(loaded.tasks)} tasks, {len(rows)} samples "
           f"({len(judged)} distinct candidates, {len(rows) - len(judged)} duplicates), {len(stats)} oracle(s), "
@@ -85,10 +85,10 @@ async def main_async(args: argparse.Namespace) -> None:
     print("statuses:", dict(counts))
     first = {}
     for r in rows:
-        first.setdefault((r["task"], r["hash"]), r)
+        first.setdefault((r.task, r.hash), r)
     mismatched = 0
     for task_id, exp in sorted(expected.items()):
-        got = sorted(r["status"] for r in rows if r["task"] == task_id)
+        got = sorted(r.status for r in rows if r.task == task_id)
         want = sorted(e.split("/")[0] for e in exp)
         ok = got == want or len(got) == len(want) and all(g in e.split("/") for g, e in zip(got, sorted(exp)))
         mismatched += not ok

@@ -1,52 +1,109 @@
-"""The `kernelsearch` command line. Each command is a thin layer over the packages it drives."""
+"""The `kernelsearch` command line. Each command is a thin layer over the packages it drives.
+
+Every user error is one line on stderr (`error: ...`), those of the flags included: `App` turns click's usage
+errors into that line instead of the framework's box. Output that is not a terminal is drawn at its natural
+width (`search.terminal`), so ids and numbers are never cut.
+"""
 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
+from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from search import options as opt
+from search.devices import resolve_device as _resolve_device
+from search.terminal import make_console
+from search.words import plural
 from tasks import LoadResult, Selection, SelectionError, SourceError, load_tasks
 from tasks.fitting import default_budget_mb
 
-app = typer.Typer(
+PROG = "kernelsearch"
+# click's exceptions as this typer raises them (recent typers carry a copy of click of their own)
+_errors = sys.modules[typer.BadParameter.__module__]
+_NO_ARGS = getattr(_errors, "NoArgsIsHelpError", ())
+
+
+class App(typer.Typer):
+    """A Typer app whose usage errors (a bad flag value, an unknown option) are one `error:` line like every
+    other user error, with the command's --help named, and whose exit status is returned, not raised."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("prog_name", PROG)
+        try:
+            return super().__call__(*args, standalone_mode=False, **kwargs)
+        except _NO_ARGS as exc:
+            print(exc.format_message())
+            return 0
+        except _errors.UsageError as exc:
+            where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+            message = " ".join(exc.format_message().split())
+            err_console.print(f"[bold red]error:[/] {escape(message)}{escape(where)}", highlight=False, soft_wrap=True)
+            return exc.exit_code
+        except _errors.ClickException as exc:
+            err_console.print(f"[bold red]error:[/] {escape(' '.join(exc.format_message().split()))}",
+                              highlight=False, soft_wrap=True)
+            return exc.exit_code
+        except (typer.Abort, _errors.Abort):
+            err_console.print("aborted", highlight=False)
+            return 1
+
+
+app = App(
     help="Best-of-n search for fast, verified GPU kernels from small local code models.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: option texts such as openai:URL[#model] are not read as markup
 )
-console = Console()
-err_console = Console(stderr=True)
+console = make_console()
+err_console = make_console(stderr=True)
+
+
+def version() -> str:
+    try:
+        return metadata.version("kernelsearch")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"{PROG} {version()}")
+        raise typer.Exit()
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    _version: Annotated[Optional[bool], typer.Option("--version", callback=_print_version, is_eager=True,
+                                                     help="Print the version and exit.")] = None,
+) -> None:
     """Best-of-n search for fast, verified GPU kernels from small local code models."""
 
 
 def fail(message: str, code: int = 2) -> None:
     """A user error: one line on stderr, no traceback."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
 def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if shutil.which("nvidia-smi") and default_budget_mb("cuda") != default_budget_mb("cpu") else "cpu"
-    if device not in ("cpu", "cuda"):
-        fail(f"--device must be cpu or cuda, not '{device}'")
-    return device
+    try:
+        return _resolve_device(device)
+    except ValueError as exc:
+        fail(str(exc))
 
 
-def select_tasks(source: str, level: int | None, ids: str | None, tasks: str | None, max_input_mb: float | None, device: str) -> LoadResult:
-    """Load the selected tasks fitted to the budget; report malformed ones and go on."""
+def select_tasks(source: str, level: int | None, ids: str | None, tasks: str | None, max_input_mb: float | None,
+                 device: str, warn_unknown: bool = True) -> LoadResult:
+    """Load the selected tasks fitted to the budget; report malformed ones and go on. `warn_unknown`: say
+    which asked-for task ids the source lacks (a caller that fails on them says it itself)."""
     try:
         selection = Selection.from_flags(level, ids, tasks)
     except SelectionError as exc:
@@ -59,7 +116,7 @@ def select_tasks(source: str, level: int | None, ids: str | None, tasks: str | N
         fail(str(exc))
     for error in result.errors:
         err_console.print(f"[yellow]skipped[/] {error.id}: {error.reason}", highlight=False, soft_wrap=True)
-    if selection.task_ids:
+    if selection.task_ids and warn_unknown:
         unknown = sorted(selection.task_ids - {t.id for t in result.tasks} - {e.id for e in result.errors})
         for task_id in unknown:
             err_console.print(f"[yellow]unknown task[/] {task_id} in {source}", highlight=False)
@@ -81,15 +138,19 @@ def tasks_command(
     if as_json:
         print(json.dumps([t.summary() for t in result.tasks]))
         return
-    table = Table(title=f"{len(result.tasks)} tasks from {source}")
+    table = Table(title=escape(f"{plural(len(result.tasks), 'task')} from {source}"))
+    longest = max((len(t.id) for t in result.tasks), default=2)
     for col in ("id", "level", "problem", "input MB", "fitted from"):
-        table.add_column(col, justify="right" if col in ("level", "problem", "input MB") else "left")
+        if col == "id":  # an id is pasted into --tasks: never cut, on a narrow terminal folded rather than cut
+            table.add_column(col, no_wrap=True, overflow="fold", min_width=min(longest, 60))
+        else:
+            table.add_column(col, justify="right" if col in ("level", "problem", "input MB") else "left")
     for t in result.tasks:
         fitted = ", ".join(f"{k} {v}->{t.sizes[k]}" for k, v in t.original_sizes.items())
-        table.add_row(t.id, str(t.level), str(t.problem_id), f"{t.input_mb:.1f}", fitted or "-")
+        table.add_row(escape(t.id), str(t.level), str(t.problem_id), f"{t.input_mb:.1f}", fitted or "-")
     console.print(table)
     if result.errors:
-        err_console.print(f"{len(result.errors)} task(s) skipped (reasons above)")
+        err_console.print(f"{plural(len(result.errors), 'task')} skipped (reasons above)")
 
 
 @app.command("eval")
@@ -103,7 +164,7 @@ def eval_command(
     max_input_mb: opt.MaxInputMb = None,
     device: opt.Device = "auto",
     backend: Annotated[str, typer.Option("--backend", help="auto, cuda, cpp, triton or torch.")] = "auto",
-    allow_torch: Annotated[bool, typer.Option("--allow-torch", help="Accept plain-PyTorch rewrites (spec rule 11 otherwise rejects them).")] = False,
+    allow_torch: Annotated[bool, typer.Option("--allow-torch", help="Accept plain-PyTorch rewrites (otherwise rejected: the candidate must run a kernel of its own).")] = False,
     as_json: opt.Json = False,
 ) -> None:
     """Build, verify and time one candidate kernel for one task, and print the verdict."""
@@ -118,7 +179,7 @@ def eval_command(
         fail(f"cannot read {candidate_file}: {exc.strerror}")
     dev = resolve_device(device)
     selected = ",".join(filter(None, [tasks, task_id]))
-    result = select_tasks(source, level, ids, selected, max_input_mb, dev)
+    result = select_tasks(source, level, ids, selected, max_input_mb, dev, warn_unknown=False)
     task = next((t for t in result.tasks if t.id == task_id), None)
     if task is None:
         fail(f"task {task_id} is not in {source} (see `kernelsearch tasks --source {source}`)")
@@ -131,13 +192,11 @@ def eval_command(
     print_verdict(verdict)
 
 
-STATUS_STYLE = {"correct": "bold green", "incorrect": "bold red", "compile_error": "bold magenta",
-                "runtime_error": "bold red", "timeout": "bold yellow", "rejected": "bold yellow", "no_code": "dim"}
-
-
 def print_verdict(v) -> None:
     """A verdict for people: status, the feedback message, and the timings that exist."""
-    console.print(f"[{STATUS_STYLE.get(v.status, 'bold')}]{v.status}[/]  {v.task}  backend={v.backend}  hash={v.hash}",
+    from oracle.verdict import STYLES
+
+    console.print(f"[bold {STYLES.get(v.status, '')}]{v.status}[/]  {escape(v.task)}  backend={v.backend}  hash={v.hash}",
                   highlight=False)
     console.print(v.message, highlight=False, markup=False)
     table = Table(show_header=False, box=None)
@@ -156,7 +215,7 @@ def print_verdict(v) -> None:
 @app.command("run")
 def run_command(
     out: Annotated[Optional[Path], typer.Option("--out", help="Run folder to create (config.json, samples.jsonl, best/).")] = None,
-    generator: Annotated[Optional[str], typer.Option("--generator", help="vllm:MODEL_OR_PATH, openai:URL[#model] or replay:PATH.")] = None,
+    generator: Annotated[Optional[str], typer.Option("--generator", help="vllm:MODEL_OR_PATH, openai:URL[#model] or replay:PATH (replay: the tasks the file names, unless tasks are selected).")] = None,
     strategy: Annotated[str, typer.Option("--strategy", help="Prompt strategy (see `kernelsearch strategies`).")] = "zero-shot",
     n: Annotated[int, typer.Option("-n", min=1, help="Samples (chains) per task.")] = 8,
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="Rounds per chain.")] = 1,
@@ -193,20 +252,17 @@ def run_command(
     if resume is not None:
         try:
             store = RunStore.open(resume)
+            recorded = store.samples()
+            cfg = store.config()
+            settings = RunSettings.from_json(cfg, address=address)
         except StoreError as exc:
             fail(str(exc))
-        cfg = store.config()
-        settings = RunSettings(generator=cfg["generator"], strategy=cfg["strategy"], plan=SearchPlan(**cfg["plan"]),
-                               device=cfg["device"], gpus=cfg.get("gpus"), address=address,
-                               max_input_mb=cfg.get("max_input_mb"), source=cfg.get("source", "builtin"),
-                               allow_torch=cfg.get("allow_torch", False),
-                               strategy_backend=cfg.get("strategy_options", {}).get("backend", "cuda"),
-                               strategy_options={k: v for k, v in cfg.get("strategy_options", {}).items() if k != "backend"},
-                               generator_replicas=cfg.get("generator_replicas", 1),
-                               tensor_parallel_size=cfg.get("tensor_parallel_size", 1),
-                               share_generator=cfg.get("share_generator", False))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            fail(f"{resume / 'config.json'} cannot be resumed ({type(exc).__name__}: {exc})")
+        check_generator(settings.generator)
         task_list = [Task.from_json(t) for t in cfg["tasks"]]
-        err_console.print(f"resuming {resume}: {len(store.samples())} samples already recorded")
+        err_console.print(f"resuming {escape(str(resume))}: {plural(len(recorded), 'sample')} already recorded",
+                          highlight=False)
     else:
         if out is None or generator is None:
             fail("--out and --generator are required (or --resume DIR)")
@@ -216,7 +272,12 @@ def run_command(
             fail(f"--ambition must be conservative or full, not '{ambition}'")
         if kernel_backend not in ("cuda", "cpp", "triton"):
             fail(f"--kernel-backend must be cuda, cpp or triton, not '{kernel_backend}'")
+        named = check_generator(generator)
         dev = resolve_device(device)
+        if named is not None and level is None and ids is None and tasks is None:
+            tasks = ",".join(named)
+            err_console.print(f"tasks: the {plural(len(named), 'task')} that {escape(generator)} names "
+                              "(select others with --tasks, --level or --ids)", highlight=False, soft_wrap=True)
         loaded = select_tasks(source, level, ids, tasks, max_input_mb, dev)
         if not loaded.tasks:
             fail("no tasks selected")
@@ -228,12 +289,7 @@ def run_command(
                                strategy_options={"ambition": ambition} if strategy == "agents" else {},
                                generator_replicas=generator_replicas, tensor_parallel_size=tensor_parallel_size,
                                share_generator=share_generator)
-        try:
-            from search.generators.spec import parse_generator_spec
-
-            parse_generator_spec(generator)
-        except GeneratorError as exc:
-            fail(str(exc))
+        recorded = []
     with err_console.status("starting Ray and the generator...", spinner="dots"):
         resources = start_ray(settings.address, settings.device)
         try:
@@ -248,14 +304,35 @@ def run_command(
     from search.progress import RunProgress
 
     planned = len(task_list) * settings.plan.n * settings.plan.rounds
-    with RunProgress(console, task_list, planned, store.samples(), stats=engine.pool.stats,
+    with RunProgress(console, task_list, planned, recorded, stats=engine.pool.stats,
                      stop_at=settings.plan.target_speedup if settings.plan.early_stop else None) as progress:
         try:
             asyncio.run(progress.run(run_search(settings, task_list, store, progress.record, engine)))
         except KeyboardInterrupt:
-            err_console.print(f"interrupted: finish with `kernelsearch run --resume {store.root}`")
+            err_console.print(f"interrupted: finish with `kernelsearch run --resume {escape(str(store.root))}`",
+                              highlight=False)
             raise typer.Exit(130)
     progress.print_summary(store)
+
+
+def check_generator(spec: str) -> list[str] | None:
+    """Check a generator spec, and a replay file's lines, before anything starts: a bad spec or a missing file
+    fails here in one line, a bad line is named and skipped. Returns the task ids a replay file names."""
+    from search.generators.base import GeneratorError
+    from search.generators.spec import parse_generator_spec
+
+    try:
+        kind, args = parse_generator_spec(spec)
+        if kind != "replay":
+            return None
+        from search.generators.replay import read_replay
+
+        replay = read_replay(args["path"])
+    except GeneratorError as exc:
+        fail(str(exc))
+    for line in replay.skipped:
+        err_console.print(f"[yellow]replay[/] {escape(str(replay.path))}: {escape(line)}", highlight=False, soft_wrap=True)
+    return replay.tasks
 
 
 @app.command("report")
@@ -265,11 +342,12 @@ def report_command(
     csv: Annotated[Optional[Path], typer.Option("--csv", help="Write per-task rows of every run to this CSV file.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw pass@k and fast_1.0@k against k to this PNG.")] = None,
 ) -> None:
-    """Correctness as n grows (pass@k, fast_p@k, expected best speedup) and per-task results, from disk."""
+    """Correctness as n grows (pass@k, fast_p@k, expected best speedup) and per-task results, from disk.
+    With --json, stdout is the JSON object alone."""
     from search.report import ReportError, report
 
     try:
-        report(run_dirs, console, as_json, csv, plot)
+        report(run_dirs, console, as_json, csv, plot, notes=err_console)
     except ReportError as exc:
         fail(str(exc))
 

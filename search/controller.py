@@ -1,9 +1,10 @@
 """The search controller: spreads n samples and refinement rounds over the generator and the oracle pool.
 
-Per task it asks the strategy for messages, streams completions from the generator actor, extracts and
-de-duplicates candidates by content hash, sends new ones to the oracle pool as they arrive, records every
-sample in the run store, and stops the task when a verified-correct kernel reaches the target speedup
-(or its budget is spent), cancelling the task's outstanding work. The best kernel is re-timed in a fresh
+Per task it asks the strategy for messages, streams completions from the generator (a `GeneratorClient`),
+turns each into a candidate (`oracle.extract.candidate_from_completion`), de-duplicates candidates by content
+hash, sends new ones to the oracle pool as they arrive, records every sample in the run store as a
+`SampleRecord`, and applies the `StopRule`: a task stops when a verified-correct kernel reaches the target
+speedup (or its budget is spent), cancelling its outstanding work. The best kernel is re-timed in a fresh
 process before it is reported.
 """
 
@@ -16,11 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from oracle.candidate import Candidate
-from oracle.extract import extract
+from oracle.extract import candidate_from_completion, no_code_verdict
 from oracle.verdict import Verdict
 from search.generators.base import Completion, SampleRequest
 from search.pool import OraclePool
-from search.store import RunStore
+from search.stop import StopRule
+from search.store import RunStore, SampleRecord
 from strategies.base import Attempt, Strategy
 from tasks.model import Task
 
@@ -36,6 +38,10 @@ class SearchPlan:
     max_tokens: int = 4096
     temperature: float = 0.8
 
+    @property
+    def stop_rule(self) -> StopRule:
+        return StopRule(self.target_speedup, self.early_stop)
+
 
 def sample_seed(run_seed: int, task_id: str, round: int, chain: int) -> int:
     digest = hashlib.sha256(f"{run_seed}:{task_id}:{round}:{chain}".encode()).hexdigest()
@@ -45,9 +51,9 @@ def sample_seed(run_seed: int, task_id: str, round: int, chain: int) -> int:
 @dataclass
 class TaskState:
     task: Task
-    verdicts: dict[str, asyncio.Future] = field(default_factory=dict)  # candidate hash -> verdict JSON
-    first_sample: dict[str, int] = field(default_factory=dict)  # hash -> sample number that brought it
-    best: tuple[float, str, str] | None = None  # (time_ms, source, hash)
+    verdicts: dict[str, asyncio.Future] = field(default_factory=dict)  # candidate hash -> its Verdict
+    first_sample: dict[str, int] = field(default_factory=dict)  # hash -> index of the sample that brought it
+    best: tuple[float, Candidate] | None = None  # (time_ms, candidate) of the fastest correct sample
     stopped: bool = False
     stop_reason: str = ""
     requests: set[str] = field(default_factory=set)
@@ -83,7 +89,7 @@ class StrategyTools:
             max_tokens=min(plan.max_tokens, max_tokens or plan.max_tokens), temperature=plan.temperature)
         completion = None
         try:
-            async for c in self.controller._stream(self.state, request):
+            async for c in self.controller.stream(self.state, request):
                 completion = c
         except Exception as exc:  # noqa: BLE001 - a failed helper call is a failed step, not a failed run
             entry["error"] = f"{type(exc).__name__}: {exc}"[:500]
@@ -97,14 +103,16 @@ class StrategyTools:
 
 class Controller:
     def __init__(self, plan: SearchPlan, strategy: Strategy, generator: Any, pool: OraclePool, store: RunStore,
-                 on_record: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_record: Callable[[SampleRecord], None] | None = None, device: str = "cpu") -> None:
         self.plan = plan
+        self.stop = plan.stop_rule
         self.strategy = strategy
-        self.generator = generator  # a GeneratorActor handle
+        self.generator = generator  # a GeneratorClient (async `sample` and `abort`)
         self.pool = pool
         self.store = store
+        self.device = device  # the oracles' device, which verdicts made here (no code) name too
         self.on_record = on_record or (lambda record: None)
-        self.recorded = {(r["task"], r["round"], r["sample"]): r for r in store.samples()}
+        self.recorded: dict[tuple[str, int, int], SampleRecord] = {r.key: r for r in store.samples()}
         self.oracle_slots = asyncio.Semaphore(pool.capacity)  # no more in flight than the oracles can work on
 
     # ------------------------------------------------------------ whole run
@@ -135,13 +143,12 @@ class Controller:
 
     def _replay_recorded(self, state: TaskState) -> None:
         """On resume, earlier samples count toward the stop rule, the best kernel and de-duplication."""
-        for r in self.recorded.values():
-            if r["task"] != state.task.id:
-                continue
-            if r.get("hash") and r["hash"] not in state.verdicts:
+        for r in sorted((r for r in self.recorded.values() if r.task == state.task.id), key=lambda r: r.sample_index):
+            if r.hash and r.verdict is not None and r.hash not in state.verdicts:
                 fut = asyncio.get_running_loop().create_future()
-                fut.set_result(r)
-                state.verdicts[r["hash"]] = fut
+                fut.set_result(r.verdict)
+                state.verdicts[r.hash] = fut
+                state.first_sample[r.hash] = r.duplicate_of if r.duplicate_of is not None else r.sample_index
             self._note_verdict(state, r)
 
     # ------------------------------------------------------------ zero-shot style: all samples from one prompt
@@ -160,15 +167,7 @@ class Controller:
             samples=[r * plan.n + i for r, i in slots], max_tokens=plan.max_tokens, temperature=plan.temperature,
         )
         judged: list[asyncio.Task] = []
-        seen: set[int] = set()
-        async for completion in self._stream(state, request):
-            if completion.index < 0:  # the generator failed: every sample it did not deliver is recorded as failed
-                for k, (r, i) in enumerate(slots):
-                    if k not in seen and not state.stopped:
-                        failed = Completion(request.request_id, k, request.seeds[k], "", error=completion.error)
-                        self._record(state, r, i, failed.seed, messages, failed, None, None, agent_steps=steps)
-                break
-            seen.add(completion.index)
+        async for completion in self.stream(state, request):
             r, i = slots[completion.index]
             judged.append(asyncio.create_task(self._judge_and_record(state, r, i, messages, completion, steps)))
         await asyncio.gather(*judged)
@@ -178,16 +177,15 @@ class Controller:
     async def _chain(self, state: TaskState, chain: int) -> None:
         task, plan = state.task, self.plan
         history: list[Attempt] = [
-            Attempt(r["round"], r["completion"], r["status"], r["message"], r.get("speedup_vs_eager"))
-            for r in sorted((r for r in self.recorded.values() if r["task"] == task.id and r["sample"] == chain),
-                            key=lambda r: r["round"])
+            r.attempt() for r in sorted((r for r in self.recorded.values() if r.task == task.id and r.chain == chain),
+                                        key=lambda r: r.round)
         ]
         for rnd in range(plan.rounds):
             if state.stopped:
                 return
             if (task.id, rnd, chain) in self.recorded:
                 continue
-            if history and history[-1].status == "correct" and (history[-1].speedup_vs_eager or 0) >= plan.target_speedup:
+            if history and self.stop.ends_chain(history[-1].status, history[-1].speedup_vs_eager):
                 return  # this chain is done: correct and fast enough
             tools = StrategyTools(self, state, rnd, chain)
             messages = await self.strategy.round_messages(task, rnd, history, tools)
@@ -199,126 +197,106 @@ class Controller:
                                     messages=messages, seeds=[seed], samples=[rnd * plan.n + chain],
                                     max_tokens=plan.max_tokens, temperature=plan.temperature)
             completion = None
-            async for c in self._stream(state, request):
+            async for c in self.stream(state, request):
                 completion = c
             if completion is None:  # aborted because the task stopped
                 return
             record = await self._judge_and_record(state, rnd, chain, messages, completion, steps)
-            history.append(Attempt(rnd, completion.text, record["status"], record["message"], record.get("speedup_vs_eager")))
+            history.append(record.attempt())
 
     # ------------------------------------------------------------ shared steps
 
-    async def _stream(self, state: TaskState, request: SampleRequest):
-        await self.generator.start.remote(request)
+    async def stream(self, state: TaskState, request: SampleRequest):
+        """The request's completions from the generator, each as it finishes; the task's stop aborts them."""
         state.requests.add(request.request_id)
         try:
-            while True:
-                completion: Completion | None = await self.generator.next.remote(request.request_id)
-                if completion is None:
-                    return
-                if completion.error and completion.index >= 0:
+            async for completion in self.generator.sample(request):
+                if completion.error:
                     completion.text = ""
                 yield completion
         finally:
             state.requests.discard(request.request_id)
 
     async def _judge_and_record(self, state: TaskState, rnd: int, chain: int, messages, completion: Completion,
-                                agent_steps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                                agent_steps: list[dict[str, Any]] | None = None) -> SampleRecord:
         task = state.task
+        record = lambda verdict, candidate=None, duplicate_of=None: self._record(  # noqa: E731
+            state, rnd, chain, messages, completion, verdict, candidate, duplicate_of, agent_steps)
         if state.stopped:
-            return self._record(state, rnd, chain, completion.seed, messages, completion, None, "cancelled",
-                                agent_steps=agent_steps)
-        found = extract(completion.text, self.plan.backend)
-        if found.source is None:
-            verdict = Verdict(task.id, "no_code", completion.error or found.reason)
-            return self._record(state, rnd, chain, completion.seed, messages, completion, verdict.to_json(), None,
-                                agent_steps=agent_steps)
-        candidate = Candidate.make(task.id, found.source, found.backend or "torch")
-        data = None
+            return record(None)
+        if completion.error:
+            return record(no_code_verdict(task, f"generation failed: {completion.error}", self.device))
+        found = candidate_from_completion(task, completion.text, self.plan.backend, self.device)
+        if isinstance(found, Verdict):
+            return record(found)
+        candidate = found
+        verdict = None
         if candidate.hash not in state.verdicts:
             # Queued work waits here, in the driver, for a free oracle slot: a task that stops meanwhile drops it.
             async with self.oracle_slots:
                 if state.stopped:
-                    return self._record(state, rnd, chain, completion.seed, messages, completion, None, "cancelled",
-                                        agent_steps=agent_steps)
+                    return record(None, candidate)
                 if candidate.hash not in state.verdicts:
-                    data = await self._evaluate_new(state, candidate, rnd * self.plan.n + chain)
+                    verdict = await self._evaluate_new(state, candidate, rnd * self.plan.n + chain)
         duplicate_of = None
-        if data is None:
+        if verdict is None:
             duplicate_of = state.first_sample.get(candidate.hash)
-            data = await state.verdicts[candidate.hash]
-        record = self._record(state, rnd, chain, completion.seed, messages, completion, data, None,
-                              duplicate_of=duplicate_of, source=candidate.source, agent_steps=agent_steps)
-        return record
+            verdict = await state.verdicts[candidate.hash]
+        return record(verdict, candidate, duplicate_of)
 
-    async def _evaluate_new(self, state: TaskState, candidate: Candidate, sample_number: int) -> dict[str, Any]:
+    async def _evaluate_new(self, state: TaskState, candidate: Candidate, sample_index: int) -> Verdict:
         """Judge a candidate not seen before in this task; later samples with its hash await the same verdict."""
         fut = asyncio.get_running_loop().create_future()
         state.verdicts[candidate.hash] = fut
-        state.first_sample[candidate.hash] = sample_number
+        state.first_sample[candidate.hash] = sample_index
         try:
-            data = (await self.pool.evaluate(state.task, candidate)).to_json()
+            verdict = await self.pool.evaluate(state.task, candidate)
         except BaseException:
             del state.verdicts[candidate.hash]
             fut.cancel()
             raise
-        fut.set_result(data)
-        return data
+        fut.set_result(verdict)
+        return verdict
 
-    def _record(self, state: TaskState, rnd: int, chain: int, seed: int, messages, completion: Completion,
-                verdict: dict[str, Any] | None, cancelled: str | None, duplicate_of: int | None = None,
-                source: str | None = None, agent_steps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        v = verdict or {"status": "no_code", "message": f"generation failed: {completion.error}"}
-        status = v["status"]
-        record = {
-            "task": state.task.id, "strategy": self.strategy.name, "round": rnd, "sample": chain,
-            "sample_number": rnd * self.plan.n + chain, "seed": seed,
-            "status": "cancelled" if cancelled else status,
-            "message": "the task had stopped before this sample was judged" if cancelled else v.get("message", ""),
-            "hash": v.get("hash"), "backend": v.get("backend"), "duplicate_of": duplicate_of,
-            "time_ms": v.get("time_ms"), "eager_ms": v.get("eager_ms"), "compile_ms": v.get("compile_ms"),
-            "speedup_vs_eager": v.get("speedup_vs_eager"), "speedup_vs_compile": v.get("speedup_vs_compile"),
-            "build_s": 0.0 if duplicate_of is not None else v.get("build_s"),
-            "verify_s": None if duplicate_of is not None else v.get("verify_s"),
-            "time_s": None if duplicate_of is not None else v.get("time_s"),
-            "flags": v.get("flags", []), "sizes": dict(state.task.sizes),
-            "tokens": completion.tokens, "prompt_tokens": completion.prompt_tokens, "finish_reason": completion.finish_reason,
-            "completion": completion.text, "messages": messages, "agent_steps": list(agent_steps or []),
-            "recorded_at": time.time(),
-        }
-        if completion.replica is not None:  # which generator replica wrote it (--generator-replicas)
-            record["replica"] = completion.replica
-        if cancelled and not completion.text:
+    def _record(self, state: TaskState, rnd: int, chain: int, messages, completion: Completion,
+                verdict: Verdict | None, candidate: Candidate | None, duplicate_of: int | None,
+                agent_steps: list[dict[str, Any]] | None) -> SampleRecord:
+        """Record one sample (`verdict` None: cancelled, its task stopped before it was judged)."""
+        record = SampleRecord(
+            task=state.task.id, strategy=self.strategy.name, round=rnd, chain=chain,
+            sample_index=rnd * self.plan.n + chain, seed=completion.seed,
+            status=verdict.status if verdict is not None else "cancelled", verdict=verdict, candidate=candidate,
+            duplicate_of=duplicate_of, completion=completion.text, tokens_in=completion.prompt_tokens,
+            tokens_out=completion.tokens, generation_s=completion.generation_s,
+            finish_reason=completion.finish_reason, replica=completion.replica,
+            oracle_device_s=verdict.device_s if verdict is not None and duplicate_of is None else 0.0,
+            messages=messages, agent_steps=list(agent_steps or []), recorded_at=time.time())
+        if verdict is None and not completion.text:
             return record  # nothing generated: a cancelled slot is not a sample
         self.store.append(record)
-        self.recorded[(state.task.id, rnd, chain)] = record
-        self._note_verdict(state, record, source)
+        self.recorded[record.key] = record
+        self._note_verdict(state, record)
         self.on_record(record)
         return record
 
-    def _note_verdict(self, state: TaskState, record: dict[str, Any], source: str | None = None) -> None:
-        if record.get("status") != "correct" or record.get("time_ms") is None:
+    def _note_verdict(self, state: TaskState, record: SampleRecord) -> None:
+        if not record.correct or record.time_ms is None:
             return
-        if source is None:
-            found = extract(record.get("completion", ""), self.plan.backend)
-            source = found.source or ""
-        if state.best is None or record["time_ms"] < state.best[0]:
-            state.best = (record["time_ms"], source, record.get("hash") or "")
-        if self.plan.early_stop and (record.get("speedup_vs_eager") or 0) >= self.plan.target_speedup and not state.stopped:
+        if record.candidate is not None and (state.best is None or record.time_ms < state.best[0]):
+            state.best = (record.time_ms, record.candidate)
+        if self.stop.stops_task(record.status, record.speedup_vs_eager) and not state.stopped:
             state.stopped = True
-            state.stop_reason = f"a correct kernel reached {record['speedup_vs_eager']:.2f}x eager"
+            state.stop_reason = f"a correct kernel reached {record.speedup_vs_eager:.2f}x eager"
             for request_id in list(state.requests):
-                asyncio.get_running_loop().create_task(self.generator.abort.remote(request_id))
+                asyncio.get_running_loop().create_task(self.generator.abort(request_id))
 
     async def _report_best(self, state: TaskState) -> None:
         """Re-time the task's best kernel in a fresh process and write it to best/."""
-        if state.best is None or not state.best[1] or self.store.best(state.task.id):
+        if state.best is None or self.store.best(state.task.id):
             return
-        _, source, _ = state.best
-        found = extract(source, self.plan.backend)
-        candidate = Candidate.make(state.task.id, source, found.backend or "torch")
+        _, candidate = state.best
         verdict = await self.pool.evaluate(state.task, candidate, retime=True)
         data = verdict.to_json()
         data["retimed"] = True
         data["stop_reason"] = state.stop_reason
-        self.store.write_best(state.task.id, source, data)
+        self.store.write_best(state.task.id, candidate.source, data)

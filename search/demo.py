@@ -41,32 +41,31 @@ def backend_for(device: str) -> str:
     return "cuda" if device == "cuda" else "cpp"
 
 
+def _demo_rows(path: Path) -> list[dict[str, Any]]:
+    """The lines of a demo completions file (the bundled one, or a demo run's copy of it)."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def demo_completions(device: str, tasks: tuple[str, ...] = DEMO_TASKS, path: Path = DATA) -> list[dict[str, Any]]:
     """The bundled completions this device can run (C++ on a CPU, CUDA on a GPU), for `tasks`."""
     if not path.is_file():
         raise DemoError(f"the demo's completions are missing ({path}); reinstall kernelsearch")
     backend = backend_for(device)
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [r for r in rows if r["backend"] == backend and r["task"] in tasks]
+    return [r for r in _demo_rows(path) if r["backend"] == backend and r["task"] in tasks]
 
 
 def expected_outcomes(run: Path) -> list[dict[str, Any]]:
     """For every sample of a demo run: the variant its completion was written as, the verdict expected and
     the verdict the oracle gave (matched by completion text against the run's replay file)."""
-    replay = {}
-    for line in (run / "demo_completions.jsonl").read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            row = json.loads(line)
-            replay[row["completion"]] = row
+    from search.store import read_samples
+
+    replay = {row["completion"]: row for row in _demo_rows(run / "demo_completions.jsonl")}
     out = []
-    for line in (run / "samples.jsonl").read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        r = json.loads(line)
-        row = replay.get(r.get("completion", ""), {})
-        out.append({"task": r["task"], "sample": r.get("sample_number", r.get("sample")), "variant": row.get("variant"),
-                    "expect": row.get("expect"), "status": r["status"], "speedup_vs_eager": r.get("speedup_vs_eager"),
-                    "message": r.get("message", "")})
+    for r in read_samples(run / "samples.jsonl"):
+        row = replay.get(r.completion, {})
+        out.append({"task": r.task, "sample": r.sample_index, "variant": row.get("variant"),
+                    "expect": row.get("expect"), "status": r.status, "speedup_vs_eager": r.speedup_vs_eager,
+                    "message": r.message})
     order = {v: i for i, v in enumerate(VARIANTS)}
     return sorted(out, key=lambda o: (o["task"], order.get(o["variant"], 99)))
 
@@ -167,14 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="run folder to create (default: runs/demo-<time>)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     args = parser.parse_args(argv)
-    from search.cli import resolve_device
+    from search.devices import resolve_device
+    from search.terminal import make_console
 
-    device = resolve_device(args.device)
-    out = args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     try:
-        run_demo(out, Console(), device)
-    except DemoError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        device = resolve_device(args.device)
+        run_demo(args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"), make_console(), device)
+    except (DemoError, ValueError) as exc:
+        make_console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
     return 0
 

@@ -26,15 +26,13 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from oracle.verdict import SAMPLE_STATUSES, SHORT_NAMES, STYLES
 from search.stats import RunStats, TaskStats, curve, fast_p_at_k, level_of, powers_of_two
+from search.store import SampleRecord
+from search.words import plural
 from tasks.model import Task
 
 StatsFn = Callable[[], Awaitable[list[dict[str, Any]]]]
-
-STATUS_ABBREV = {"correct": "ok", "incorrect": "wrong", "compile_error": "compile", "runtime_error": "runtime",
-                 "timeout": "timeout", "rejected": "rejected", "no_code": "no code", "cancelled": "cancelled"}
-STATUS_STYLE = {"correct": "green", "incorrect": "red", "compile_error": "magenta", "runtime_error": "red",
-                "timeout": "yellow", "rejected": "yellow", "no_code": "dim", "cancelled": "dim"}
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -65,7 +63,7 @@ class RunProgress:
       correct sample that fast shows as "solved" (its remaining samples are cancelled, not recorded).
     """
 
-    def __init__(self, console: Console, tasks: list[Task], planned: int, recorded: list[dict[str, Any]],
+    def __init__(self, console: Console, tasks: list[Task], planned: int, recorded: list[SampleRecord],
                  stats: StatsFn | None = None, every: int | None = None, poll_s: float = 2.0,
                  max_rows: int | None = None, title: str | None = None, stop_at: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -83,7 +81,7 @@ class RunProgress:
         self.clock = clock
         self.live_mode = console.is_terminal and not console.is_dumb_terminal
         self._lock = threading.RLock()
-        self.by_task: dict[str, list[dict[str, Any]]] = {tid: [] for tid in self.tasks}
+        self.by_task: dict[str, list[SampleRecord]] = {tid: [] for tid in self.tasks}
         self.stats: dict[str, TaskStats] = {tid: TaskStats(tid, self.levels[tid]) for tid in self.tasks}
         self.last_update: dict[str, float] = {}
         self.pool: list[dict[str, Any]] | None = None
@@ -97,8 +95,8 @@ class RunProgress:
 
     # ------------------------------------------------------------ feeding
 
-    def _add(self, record: dict[str, Any]) -> None:
-        tid = record["task"]
+    def _add(self, record: SampleRecord) -> None:
+        tid = record.task
         if tid not in self.stats:
             self.tasks.append(tid)
             self.levels[tid] = level_of(tid)
@@ -109,17 +107,17 @@ class RunProgress:
         self.last_update[tid] = self.clock()
         self.done += 1
 
-    def record(self, record: dict[str, Any]) -> None:
+    def record(self, record: SampleRecord) -> None:
         with self._lock:
-            first_correct = record.get("status") == "correct" and self.stats.get(record["task"], TaskStats("", "")).correct == 0
+            first_correct = record.correct and self.stats.get(record.task, TaskStats("", "")).correct == 0
             self._add(record)
         if self.live_mode:
             return  # a terminal: the live display redraws itself twice a second (nothing to draw outside `with`)
         self._plain(self._sample_line(record))
         if first_correct:
-            t = self.stats[record["task"]]
-            self._plain(f"  first correct kernel for {record['task']} at sample #{t.first_correct_sample_number + 1}"
-                        + (f" ({record['speedup_vs_eager']:.2f}x eager)" if record.get("speedup_vs_eager") else ""))
+            t = self.stats[record.task]
+            self._plain(f"  first correct kernel for {record.task} at sample #{t.first_correct_sample_from_1}"
+                        + (f" ({record.speedup_vs_eager:.2f}x eager)" if record.speedup_vs_eager else ""))
         if (self.done - self.resumed) % self.every == 0 or self.done >= self.planned:
             self._plain(self.pass_line())
             self._last_pass_at = self.done
@@ -163,7 +161,7 @@ class RunProgress:
             self._live.__enter__()
         else:
             line = f"{self.title}: " if self.title else ""
-            self._plain(f"{line}{self.planned} samples planned over {len(self.tasks)} task(s)"
+            self._plain(f"{line}{plural(self.planned, 'sample')} planned over {plural(len(self.tasks), 'task')}"
                         + (f", {self.resumed} already recorded" if self.resumed else ""))
         return self
 
@@ -217,7 +215,7 @@ class RunProgress:
         for k in ks:  # where some tasks have fewer than k samples, say over how many the mean is
             used = f" ({passes[k]['tasks']}/{tasks} tasks)" if passes[k]["left_out"] else ""
             parts.append(f"k={k} {passes[k]['mean']:.3f}{used}")
-        head = f"pass@k over {tasks} task(s): " + (" ".join(parts) if parts else "no samples yet")
+        head = f"pass@k over {plural(tasks, 'task')}: " + (" ".join(parts) if parts else "no samples yet")
         if ks:
             head += f" | fast_1.0@{ks[-1]} {fast[ks[-1]]['mean']:.3f}"
         pool = self.pool_text()
@@ -229,11 +227,10 @@ class RunProgress:
         rate = self.rate_per_min()
         return f"{rate:.1f} samples/min" if rate else "- samples/min"
 
-    def _sample_line(self, record: dict[str, Any]) -> str:
-        speed = f" {record['speedup_vs_eager']:.2f}x eager" if record.get("speedup_vs_eager") and record.get("status") == "correct" else ""
-        dup = f" (repeats sample #{record['duplicate_of'] + 1})" if record.get("duplicate_of") is not None else ""
-        number = record.get("sample_number", record.get("sample", 0))
-        return (f"[{self.done}/{self.planned}] {record['task']} sample #{number + 1}: {record['status']}{speed}{dup}")
+    def _sample_line(self, record: SampleRecord) -> str:
+        speed = f" {record.speedup_vs_eager:.2f}x eager" if record.speedup_vs_eager and record.correct else ""
+        dup = f" (repeats sample #{record.duplicate_of + 1})" if record.duplicate_of is not None else ""
+        return f"[{self.done}/{self.planned}] {record.task} sample #{record.sample_index + 1}: {record.status}{speed}{dup}"
 
     def _plain(self, line: str) -> None:
         self.console.print(line, markup=False, highlight=False, soft_wrap=True, emoji=False)
@@ -255,12 +252,12 @@ class RunProgress:
 
     def _status_text(self, t: TaskStats) -> Text:
         text = Text()
-        for s, abbrev in STATUS_ABBREV.items():
+        for s in SAMPLE_STATUSES:
             c = t.status_counts.get(s)
             if c:
                 if text:
                     text.append(", ")
-                text.append(f"{c} {abbrev}", style=STATUS_STYLE.get(s, ""))
+                text.append(f"{c} {SHORT_NAMES[s]}", style=STYLES[s])
         return text if text else Text("-")
 
     def task_table(self, best: Callable[[str], dict[str, Any] | None] | None = None, limit: int | None = None) -> Table:
@@ -272,8 +269,13 @@ class RunProgress:
         for col, justify in (("task", "left"), ("status", "left"), ("samples", "right"), ("correct", "right"),
                              ("1st ok", "right"), ("x eager", "right"), ("x compile", "right"),
                              ("verdicts", "left")):
-            table.add_column(col, justify=justify, no_wrap=col != "verdicts", min_width=10 if col == "verdicts" else None,
-                             max_width=40 if col == "task" else None, overflow="ellipsis" if col == "task" else "fold")
+            # ids fold at 40 columns (and verdicts wrap) rather than being cut; the figures never wrap
+            # as wide as the longest id up to 40, leaving the figures (about 70 columns) and 10 for verdicts
+            room = max(12, self.console.size.width - 80)
+            widest = min(40, room, max((len(tid) for tid in self.tasks), default=4))
+            table.add_column(col, justify=justify, no_wrap=col not in ("task", "verdicts"),
+                             min_width={"verdicts": 10, "task": widest}.get(col), max_width=40 if col == "task" else None,
+                             overflow="fold")
         with self._lock:
             order = list(self.tasks)
             if limit is not None and len(order) > limit:
@@ -283,7 +285,7 @@ class RunProgress:
                 counts: dict[str, int] = {}
                 for tid in hidden:
                     counts[self.task_status(tid)] = counts.get(self.task_status(tid), 0) + 1
-                caption = f"... and {len(hidden)} more task(s): " + ", ".join(f"{c} {s}" for s, c in sorted(counts.items()))
+                caption = f"... and {plural(len(hidden), 'more task', 'more tasks')}: " + ", ".join(f"{c} {s}" for s, c in sorted(counts.items()))
                 order = [tid for tid in order if tid in set(shown)]
             for tid in order:
                 t = self.stats[tid]
@@ -295,7 +297,7 @@ class RunProgress:
                 style = {"running": "cyan", "done": "", "solved": "green", "stopped": "", "waiting": "dim"}[status]
                 samples = f"{t.samples}/{self.per_task}" if self.per_task else str(t.samples)
                 table.add_row(escape(tid), Text(status, style=style), samples, str(t.correct),
-                              "-" if t.first_correct_sample_number is None else f"#{t.first_correct_sample_number + 1}",
+                              "-" if t.first_correct_sample_from_1 is None else f"#{t.first_correct_sample_from_1}",
                               _x(eager), _x(comp), self._status_text(t))
         if caption:
             table.caption = caption

@@ -1,9 +1,10 @@
 """`kernelsearch report`: what one or more run folders add up to, side by side.
 
 Read-only: a run folder is read without `RunStore.open` (which would create best/ and cut a torn last
-line), so a report can be taken of a run that is still writing. A last line without its newline is
-that run's sample in flight and is skipped; any other unreadable line is a malformed folder.
-Every problem with a folder is one line (`ReportError`), never a traceback.
+line), so a report can be taken of a run that is still writing; the samples go through the store's one
+reader (`search.store.read_samples`), so a sample in flight is skipped as it is everywhere, and a run made
+before the current record format reads back too. Every problem with a folder is one line (`ReportError`),
+never a traceback. With `as_json` the console gets the JSON object alone; notes go to `notes`.
 """
 
 from __future__ import annotations
@@ -17,15 +18,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from oracle.verdict import SAMPLE_STATUSES, SHORT_NAMES
 from search.stats import RunStats, TaskStats, powers_of_two
-from search.store import RunStore
+from search.store import RunStore, SampleRecord, StoreError, read_samples
 
-CSV_COLUMNS = ["run", "strategy", "task", "level", "samples", "correct", "incorrect", "compile_error",
-               "runtime_error", "timeout", "rejected", "no_code", "cancelled", "duplicates",
-               "first_correct_sample_number", "best_speedup_vs_eager", "best_speedup_vs_compile", "best_retimed",
+STATUS_COLUMNS = [s for s in SAMPLE_STATUSES if s != "correct"]  # "correct" has a column of its own
+CSV_COLUMNS = ["run", "strategy", "task", "level", "samples", "correct", *STATUS_COLUMNS, "duplicates",
+               "first_correct_sample_from_1", "best_speedup_vs_eager", "best_speedup_vs_compile", "best_retimed",
                "tokens", "device_s"]
-STATUS_ABBREV = {"correct": "ok", "incorrect": "wrong", "compile_error": "compile", "runtime_error": "runtime",
-                 "timeout": "timeout", "rejected": "rejected", "no_code": "no code", "cancelled": "cancelled"}
 
 
 class ReportError(Exception):
@@ -44,29 +44,14 @@ def _read_json(path: Path, what: str) -> Any:
         raise ReportError(f"{path}: cannot read {what} ({exc.__class__.__name__})") from None
 
 
-def _read_samples(path: Path) -> list[dict[str, Any]]:
+def _read_samples(path: Path) -> list[SampleRecord]:
     try:
-        data = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{path}: cannot read the samples ({exc.__class__.__name__})") from None
-    lines = data.split("\n")
-    lines.pop()  # "" when the file ends in a newline; else a line the run is still writing, which (as for
-    # RunStore.open) never counted as recorded
-    records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            raise ReportError(f"{path}: line {number} is not valid JSON") from None
-        if not isinstance(record, dict) or not isinstance(record.get("task"), str) or not isinstance(record.get("status"), str):
-            raise ReportError(f"{path}: line {number} is not a sample record (needs a task and a status)")
-        records.append(record)
-    return records
+        return read_samples(path)
+    except StoreError as exc:
+        raise ReportError(str(exc)) from None
 
 
-def load_run(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, dict[str, Any]]]:
+def load_run(path: Path) -> tuple[dict[str, Any], list[SampleRecord], dict[str, dict[str, Any]]]:
     """config, sample records and re-timed best verdicts of a run folder, or a ReportError."""
     if not path.exists():
         raise ReportError(f"{path}: no such run folder")
@@ -87,7 +72,7 @@ def load_run(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str
     records = _read_samples(path / "samples.jsonl")
     store = RunStore(path)  # not RunStore.open: that writes to the folder
     best: dict[str, dict[str, Any]] = {}
-    for tid in dict.fromkeys([t["id"] for t in tasks] + [r["task"] for r in records]):
+    for tid in dict.fromkeys([t["id"] for t in tasks] + [r.task for r in records]):
         try:
             verdict = store.best(tid)
         except json.JSONDecodeError as exc:
@@ -121,8 +106,7 @@ def _f(x: float | None, digits: int = 3, suffix: str = "") -> str:
 
 
 def _status_text(t: TaskStats) -> str:
-    parts = [f"{t.status_counts[s]} {STATUS_ABBREV.get(s, s)}" for s in STATUS_ABBREV if t.status_counts.get(s)]
-    parts += [f"{c} {s}" for s, c in t.status_counts.items() if s not in STATUS_ABBREV and c]
+    parts = [f"{t.status_counts[s]} {SHORT_NAMES.get(s, s)}" for s in SAMPLE_STATUSES if t.status_counts.get(s)]
     if t.duplicates:
         parts.append(f"({t.duplicates} dup)")
     return ", ".join(parts) or "-"
@@ -200,12 +184,15 @@ def _task_table(label: str, rs: RunStats) -> Table:
     table = Table(title=f"tasks of {escape(label)}",
                   caption="best: the re-timed best/ kernel; (sample): not re-timed, the best sample's own timing")
     for col, justify in (("task", "left"), ("samples", "right"), ("statuses", "left"),
-                         ("first correct at #", "right"), ("best x eager", "right"), ("best x compile", "right")):
-        table.add_column(col, justify=justify)
+                         ("first correct (from 1)", "right"), ("best x eager", "right"), ("best x compile", "right")):
+        if col == "task":  # ids are pasted into --tasks: folded on a narrow terminal, never cut
+            table.add_column(col, justify=justify, overflow="fold")
+        else:
+            table.add_column(col, justify=justify)
     for t in rs.tasks.values():
         retimed = "" if t.best_retimed or t.best_speedup_vs_eager is None else " (sample)"
         table.add_row(escape(t.task), str(t.samples), escape(_status_text(t)),
-                      "-" if t.first_correct_sample_number is None else str(t.first_correct_sample_number + 1),
+                      "-" if t.first_correct_sample_from_1 is None else str(t.first_correct_sample_from_1),
                       _f(t.best_speedup_vs_eager, 2) + retimed, _f(t.best_speedup_vs_compile, 2))
     return table
 
@@ -221,6 +208,10 @@ def _notes(label: str, rs: RunStats) -> list[str]:
         notes.append(f"{label}: from k={first} on, up to {max(left.values())} of {rs.summary['tasks_with_samples']} "
                      f"tasks have fewer than k samples (early stop or an unfinished run) and are left out there (*); "
                      f"early-stopped tasks are solved ones, so pass@k at those k reads low")
+    unsupported = sum(t.unsupported for t in rs.tasks.values())
+    if unsupported:
+        notes.append(f"{label}: {unsupported} sample(s) could not be judged here (unsupported, e.g. Triton not "
+                     "installed) and are left out of pass@k: neither the model's success nor its failure")
     if not rs.compile_available:
         notes.append(f"{label}: no torch.compile baseline, so no speedups vs compile")
     return notes
@@ -286,19 +277,20 @@ def _write_csv(path: Path, labels: list[str], runs: list[RunStats]) -> None:
             for t in rs.tasks.values():
                 row = {"run": label, "strategy": rs.strategy or "", "task": t.task, "level": t.level,
                        "samples": t.samples, "correct": t.correct, "duplicates": t.duplicates,
-                       "first_correct_sample_number": t.first_correct_sample_number,
+                       "first_correct_sample_from_1": t.first_correct_sample_from_1,
                        "best_speedup_vs_eager": t.best_speedup_vs_eager,
                        "best_speedup_vs_compile": t.best_speedup_vs_compile, "best_retimed": t.best_retimed,
                        "tokens": t.tokens, "device_s": round(t.device_s, 6)}
-                for status in ("incorrect", "compile_error", "runtime_error", "timeout", "rejected", "no_code", "cancelled"):
+                for status in STATUS_COLUMNS:
                     row[status] = t.status_counts.get(status, 0)
                 writer.writerow(["" if row[c] is None else row[c] for c in CSV_COLUMNS])
 
 
 def report(run_dirs: list[Path], console: Console, as_json: bool, csv_path: Path | None,
-           plot_path: Path | None) -> dict[str, Any]:
-    """Render the runs as tables on `console`, write the CSV and the plot if asked, and return the JSON
-    object (printed as the last line, on one line, when `as_json`)."""
+           plot_path: Path | None, notes: Console | None = None) -> dict[str, Any]:
+    """Render the runs as tables on `console` (or, with `as_json`, print the JSON object alone there, on one
+    line), write the CSV and the plot if asked, and return the JSON object. `notes`: where the lines about
+    written files go (default: `console`, unless it carries the JSON)."""
     if not run_dirs:
         raise ReportError("no run folder given")
     run_dirs = [Path(p) for p in run_dirs]
@@ -308,7 +300,29 @@ def report(run_dirs: list[Path], console: Console, as_json: bool, csv_path: Path
                        for label, path, rs in zip(labels, run_dirs, runs)]}
     for run, label, rs in zip(result["runs"], labels, runs):
         run["notes"] = _notes(label, rs)
+    notes = notes or (None if as_json else console)
 
+    if not as_json:
+        _print_tables(console, labels, runs, result)
+    try:
+        if csv_path is not None:
+            _write_csv(Path(csv_path), labels, runs)
+            if notes is not None:
+                notes.print(f"per-task rows written to {escape(str(csv_path))}", highlight=False)
+        if plot_path is not None:
+            _plot(Path(plot_path), labels, runs)
+            if notes is not None:
+                notes.print(f"plot written to {escape(str(plot_path))}", highlight=False)
+    except OSError as exc:
+        raise ReportError(f"cannot write {exc.filename or 'the output'}: {exc.strerror or exc}") from None
+
+    if as_json:
+        console.print(json.dumps(result, allow_nan=False, default=str), soft_wrap=True, highlight=False, markup=False,
+                      emoji=False)
+    return result
+
+
+def _print_tables(console: Console, labels: list[str], runs: list[RunStats], result: dict[str, Any]) -> None:
     console.print(_summary_table(labels, runs))
     for table in _k_tables(labels, runs):
         console.print(table)
@@ -320,18 +334,3 @@ def report(run_dirs: list[Path], console: Console, as_json: bool, csv_path: Path
     for run in result["runs"]:
         for note in run["notes"]:
             console.print(f"[dim]note: {escape(note)}[/]", highlight=False)
-
-    try:
-        if csv_path is not None:
-            _write_csv(Path(csv_path), labels, runs)
-            console.print(f"per-task rows written to {escape(str(csv_path))}", highlight=False)
-        if plot_path is not None:
-            _plot(Path(plot_path), labels, runs)
-            console.print(f"plot written to {escape(str(plot_path))}", highlight=False)
-    except OSError as exc:
-        raise ReportError(f"cannot write {exc.filename or 'the output'}: {exc.strerror or exc}") from None
-
-    if as_json:
-        console.print(json.dumps(result, allow_nan=False, default=str), soft_wrap=True, highlight=False, markup=False,
-                      emoji=False)
-    return result

@@ -7,8 +7,8 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable, ClassVar
 
 import ray
 from ray.exceptions import RayActorError
@@ -19,7 +19,7 @@ from search.controller import Controller, SearchPlan
 from search.gate import TimingGate
 from search.generators.actor import GeneratorActor
 from search.generators.base import GeneratorError
-from search.generators.replicas import GeneratorReplicas
+from search.generators.client import GeneratorClient
 from search.generators.spec import parse_generator_spec
 from search.placement import Placement, PlacementError, cluster_runtime_env, plan_placement
 from search.pool import OraclePool, PoolSpec, actor_options
@@ -47,6 +47,30 @@ class RunSettings:
     share_generator: bool = False  # force the shared-GPU path: pause generation while an oracle times
     generator_options: dict[str, Any] = field(default_factory=dict)  # extra constructor options (tests)
 
+    # Where this invocation runs, not what the run is: given again on --resume, never stored.
+    PER_INVOCATION: ClassVar[frozenset[str]] = frozenset({"address"})
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings as config.json holds them (`from_json` reads them back). The strategy's backend
+        sits in `strategy_options` beside its other options, as `make_strategy` takes them."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.PER_INVOCATION}
+        data["plan"] = asdict(self.plan)
+        data["strategy_options"] = {"backend": data.pop("strategy_backend"), **self.strategy_options}
+        return data
+
+    @classmethod
+    def from_json(cls, config: dict[str, Any], **given: Any) -> "RunSettings":
+        """The settings of a run folder's config.json (keys it does not know are other parts of the config;
+        settings it lacks take their defaults); `given`: the per-invocation ones, e.g. `address`."""
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in config.items() if k in names}
+        options = dict(values.get("strategy_options") or {})
+        values["strategy_backend"] = options.pop("backend", "cuda")
+        values["strategy_options"] = options
+        plan_fields = {f.name for f in fields(SearchPlan)}
+        values["plan"] = SearchPlan(**{k: v for k, v in config["plan"].items() if k in plan_fields})
+        return cls(**{**values, **given})
+
 
 def versions() -> dict[str, str]:
     import numpy
@@ -70,12 +94,7 @@ def start_ray(address: str | None, device: str) -> dict[str, Any]:
 
 def make_config(settings: RunSettings, tasks: list[Task], generator_info: dict[str, Any], resources: dict[str, Any]) -> dict[str, Any]:
     return {
-        "generator": settings.generator, "generator_info": generator_info, "strategy": settings.strategy,
-        "strategy_options": {"backend": settings.strategy_backend, **settings.strategy_options}, "plan": asdict(settings.plan),
-        "device": settings.device, "gpus": settings.gpus, "max_input_mb": settings.max_input_mb,
-        "source": settings.source, "allow_torch": settings.allow_torch, "compile_baseline": settings.compile_baseline,
-        "generator_replicas": settings.generator_replicas, "tensor_parallel_size": settings.tensor_parallel_size,
-        "share_generator": settings.share_generator,
+        **settings.to_json(), "generator_info": generator_info,
         "tasks": [t.to_json() for t in tasks], "versions": versions(),
         "hardware": {"cluster": {k: v for k, v in resources.items() if not k.startswith("node:")},
                      "machine": platform.machine(), "cpus": os.cpu_count()},
@@ -91,7 +110,7 @@ def _cause(exc: BaseException) -> str:
 
 @dataclass
 class Engine:
-    generator: Any  # GeneratorReplicas: looks like one GeneratorActor handle, spreads over the replicas
+    generator: GeneratorClient  # sample and abort, spread over the replicas
     pool: OraclePool
     strategy: Any
     generator_info: dict[str, Any]
@@ -139,7 +158,7 @@ async def build_engine(settings: RunSettings) -> Engine:
                                    compile_baseline=settings.compile_baseline),
                       placements=placement.oracles, groups=groups, gate=gate)
     strategy = make_strategy(settings.strategy, settings.strategy_backend, **settings.strategy_options)
-    return Engine(GeneratorReplicas(actors), pool, strategy, info, placement, gate, groups)
+    return Engine(GeneratorClient(actors), pool, strategy, info, placement, gate, groups)
 
 
 async def run_search(settings: RunSettings, tasks: list[Task], store: RunStore, on_record: Callable | None = None,
@@ -147,5 +166,6 @@ async def run_search(settings: RunSettings, tasks: list[Task], store: RunStore, 
     engine = engine or await build_engine(settings)
     if not store.config().get("generator_info"):
         store.update_config(generator_info=engine.generator_info)
-    controller = Controller(settings.plan, engine.strategy, engine.generator, engine.pool, store, on_record)
+    controller = Controller(settings.plan, engine.strategy, engine.generator, engine.pool, store, on_record,
+                            device=settings.device)
     await controller.run(tasks)

@@ -6,11 +6,15 @@ one prefix. The formulas are the ones of Chen et al. (2021, pass@k) and KernelBe
 order-statistics form of an expected maximum.
 
 Conventions (kept in one place so the report and the tests agree):
-- A `cancelled` record was never judged (its task had stopped), so it is not a sample: it counts toward
-  cost (its tokens were generated) but not toward n.
+- A `cancelled` record was never judged (its task had stopped), and an `unsupported` one could not be
+  judged here (e.g. a Triton kernel without Triton installed): neither says anything about the model, so
+  neither is a sample. Both count toward cost (their tokens were generated) but not toward n
+  (`oracle.verdict.NOT_JUDGED`).
 - A duplicate (`duplicate_of` set) is a real draw from the model that happened to repeat an earlier
   kernel: it counts as a sample with the verdict of the kernel it repeats.
 - An incorrect sample has speedup 0; so does a correct one whose timing is missing (unknown is not fast).
+- Samples are ordered by their index (round * n + chain, from 0); where a report shows a sample to people
+  it counts from 1, and every field that does says so in its name (`first_correct_sample_from_1`).
 - A task with fewer than k samples (early stop, an unfinished run) is left out of the mean at that k,
   and `tasks_at_k` says how many were used. Early-stopped tasks are the successful ones, so at k above
   their sample count the mean over the remaining tasks is pessimistic; the report says so.
@@ -26,7 +30,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-STATUSES = ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "no_code", "cancelled")
+from oracle.verdict import CANCELLED, UNSUPPORTED
+from search.store import SampleRecord
+
 FAST_PS = (0.0, 1.0, 1.5, 2.0)
 
 
@@ -221,12 +227,13 @@ class TaskStats:
 
     task: str
     level: str
-    samples: int = 0  # judged samples: every record but `cancelled`
+    samples: int = 0  # judged samples: every record but `cancelled` and `unsupported`
     correct: int = 0
     status_counts: dict[str, int] = field(default_factory=dict)
     duplicates: int = 0
     cancelled: int = 0
-    first_correct_sample_number: int | None = None
+    unsupported: int = 0
+    first_correct_index: int | None = None  # the first correct sample's index (from 0)
     speedups_vs_eager: list[float] = field(default_factory=list)  # one a judged sample, 0 if not correct
     speedups_vs_compile: list[float] = field(default_factory=list)
     best_speedup_vs_eager: float | None = None  # re-timed best/ verdict if there is one, else best sample
@@ -234,6 +241,11 @@ class TaskStats:
     best_retimed: bool = False
     tokens: int = 0
     device_s: float = 0.0
+
+    @property
+    def first_correct_sample_from_1(self) -> int | None:
+        """The first correct sample, counted from 1 as tables show it (#1 is the first sample)."""
+        return None if self.first_correct_index is None else self.first_correct_index + 1
 
     def fast(self, p: float, vs: str = "eager") -> int:
         speedups = self.speedups_vs_eager if vs == "eager" else self.speedups_vs_compile
@@ -251,7 +263,7 @@ class TaskStats:
         return {
             "task": self.task, "level": self.level, "samples": self.samples, "correct": self.correct,
             "status_counts": dict(self.status_counts), "duplicates": self.duplicates, "cancelled": self.cancelled,
-            "first_correct_sample_number": self.first_correct_sample_number,
+            "unsupported": self.unsupported, "first_correct_sample_from_1": self.first_correct_sample_from_1,
             "pass_at_1": self.correct / self.samples if self.samples else None,
             "fast": {_fmt_p(p): self.fast(p) for p in ps},
             "fast_vs_compile": {_fmt_p(p): self.fast(p, "compile") for p in ps} if compile_available else None,
@@ -299,7 +311,7 @@ class RunStats:
     re-timed number when there is one, since a single timing of the best of n is biased upward.
     """
 
-    def __init__(self, records: Sequence[dict[str, Any]], config: dict[str, Any] | None = None,
+    def __init__(self, records: Sequence[SampleRecord], config: dict[str, Any] | None = None,
                  best: dict[str, dict[str, Any]] | None = None, ps: Sequence[float] = FAST_PS,
                  reps: int = 2000, seed: int = 0, alpha: float = 0.05) -> None:
         self.config = config or {}
@@ -313,15 +325,15 @@ class RunStats:
         # a torch.compile baseline: asked for (None means the oracle's default, on cuda only) or present in the data
         baseline = self.config.get("compile_baseline")
         self.compile_available = baseline is True or (baseline is None and self.config.get("device") == "cuda") or any(
-            _num(r.get("speedup_vs_compile")) is not None or _num(r.get("compile_ms")) is not None for r in self.records)
+            r.speedup_vs_compile is not None or r.compile_ms is not None for r in self.records)
 
         self.tasks: dict[str, TaskStats] = {tid: TaskStats(tid, level_of(tid, lvl)) for tid, lvl in levels.items()}
         by_strategy: dict[str, dict[str, TaskStats]] = defaultdict(dict)
-        for r in sorted(self.records, key=lambda r: (_int(r.get("sample_number")) is None, _int(r.get("sample_number")) or 0)):
-            tid = r["task"]
+        for r in sorted(self.records, key=lambda r: r.sample_index):
+            tid = r.task
             if tid not in self.tasks:
                 self.tasks[tid] = TaskStats(tid, level_of(tid, levels.get(tid)))
-            strategy = str(r.get("strategy") or self.strategy or "unknown")
+            strategy = str(r.strategy or self.strategy or "unknown")
             if tid not in by_strategy[strategy]:
                 by_strategy[strategy][tid] = TaskStats(tid, self.tasks[tid].level)
             for t in (self.tasks[tid], by_strategy[strategy][tid]):
@@ -352,45 +364,46 @@ class RunStats:
         self.cost = self._cost()
 
     @staticmethod
-    def _add(t: TaskStats, r: dict[str, Any]) -> None:
-        status = str(r["status"])
+    def _add(t: TaskStats, r: SampleRecord) -> None:
+        status = r.status
         t.status_counts[status] = t.status_counts.get(status, 0) + 1
-        t.tokens += _int(r.get("tokens")) or 0
-        t.device_s += _num(r.get("time_s")) or 0.0
-        if status == "cancelled":
-            t.cancelled += 1
+        t.tokens += r.tokens_out
+        t.device_s += _num(r.oracle_device_s) or 0.0
+        if not r.judged:
+            t.cancelled += status == CANCELLED
+            t.unsupported += status == UNSUPPORTED
             return
         t.samples += 1
-        if r.get("duplicate_of") is not None:
+        if r.duplicate_of is not None:
             t.duplicates += 1
-        ok = status == "correct"
-        t.speedups_vs_eager.append((_num(r.get("speedup_vs_eager")) or 0.0) if ok else 0.0)
-        t.speedups_vs_compile.append((_num(r.get("speedup_vs_compile")) or 0.0) if ok else 0.0)
+        ok = r.correct
+        t.speedups_vs_eager.append((r.speedup_vs_eager or 0.0) if ok else 0.0)
+        t.speedups_vs_compile.append((r.speedup_vs_compile or 0.0) if ok else 0.0)
         if ok:
             t.correct += 1
-            number = _int(r.get("sample_number"))
-            if number is not None and (t.first_correct_sample_number is None or number < t.first_correct_sample_number):
-                t.first_correct_sample_number = number
+            if t.first_correct_index is None or r.sample_index < t.first_correct_index:
+                t.first_correct_index = r.sample_index
 
     def _cost(self) -> dict[str, Any]:
         """What the run spent, and what it bought per unit spent."""
-        tokens = sum(_int(r.get("tokens")) or 0 for r in self.records)
-        prompt_tokens = sum(_int(r.get("prompt_tokens")) or 0 for r in self.records)
-        device_s = sum(_num(r.get("time_s")) or 0.0 for r in self.records)
-        build_s = sum(_num(r.get("build_s")) or 0.0 for r in self.records)
-        verify_s = sum(_num(r.get("verify_s")) or 0.0 for r in self.records)
-        times = [t for t in (_num(r.get("recorded_at")) for r in self.records) if t is not None]
+        tokens = sum(r.tokens_out for r in self.records)
+        prompt_tokens = sum(r.tokens_in for r in self.records)
+        device_s = sum(_num(r.oracle_device_s) or 0.0 for r in self.records)
+        build_s = sum(r.build_s or 0.0 for r in self.records)
+        verify_s = sum(r.verify_s or 0.0 for r in self.records)
+        generation_s = sum(_num(r.generation_s) or 0.0 for r in self.records)
+        times = [t for t in (_num(r.recorded_at) for r in self.records) if t]
         started = _num(self.config.get("started_at"))
         wall_s = None
         if times:
             start = started if started is not None and started <= min(times) else min(times)
             wall_s = max(times) - start
-        correct = sum(1 for r in self.records if r.get("status") == "correct")
-        unique = len({r.get("hash") or id(r) for r in self.records
-                      if r.get("status") == "correct" and r.get("duplicate_of") is None})
+        correct = sum(1 for r in self.records if r.correct)
+        unique = len({r.hash or id(r) for r in self.records if r.correct and r.duplicate_of is None})
         return {
             "tokens": tokens, "prompt_tokens": prompt_tokens, "device_s": device_s, "build_cpu_s": build_s,
-            "verify_s": verify_s, "wall_s": wall_s, "correct": correct, "correct_unique": unique,
+            "verify_s": verify_s, "generation_s": generation_s, "wall_s": wall_s, "correct": correct,
+            "correct_unique": unique,
             "correct_per_1k_tokens": correct / tokens * 1000 if tokens else None,
             "correct_per_device_minute": correct / (device_s / 60) if device_s else None,
         }
@@ -428,6 +441,7 @@ class RunStats:
             "tasks_total": s["tasks"], "tasks_with_samples": s["tasks_with_samples"], "tasks_unsampled": self.unsampled,
             "samples": s["samples"],
             "correct": s["correct"], "cancelled": sum(t.cancelled for t in self.tasks.values()),
+            "unsupported": sum(t.unsupported for t in self.tasks.values()),
             "duplicates": sum(t.duplicates for t in self.tasks.values()),
             "pass_at_k": s["pass_at_k"], "pass_at_k_ci": self.ci, "tasks_at_k": s["tasks_at_k"],
             "fast_p_at_k": s["fast_p_at_k"], "fast_p_at_k_vs_compile": s["fast_p_at_k_vs_compile"],

@@ -2,27 +2,274 @@
 
 - `config.json`: everything needed to repeat the run (tasks with their fitted code and sizes, generator,
   strategy and options, n, rounds, seeds, versions, hardware).
-- `samples.jsonl`: one record a sample, appended and flushed (fsync) as it completes. A crash can only
-  tear the last line, which `RunStore.open` drops, so a resumed run records no sample twice and loses none.
+- `samples.jsonl`: one `SampleRecord` a line, appended and flushed (fsync) as each sample completes. A crash
+  can only tear the last line, which was never recorded: `read_samples` does not read it and
+  `RunStore.open` cuts it, so a resumed run records no sample twice and loses none.
 - `best/`: the best kernel of each task (`<task>.py`) and its re-timed verdict (`<task>.json`).
+
+`read_samples` is the one reader of `samples.jsonl`; it also reads the flat records that runs wrote before
+`SampleRecord` (no `schema` field), so old run folders still report.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import threading
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from oracle.candidate import BACKENDS, Candidate
+from oracle.extract import extract_source
+from oracle.verdict import CANCELLED, SAMPLE_STATUSES, Verdict, is_judged
+from strategies.base import Attempt
+
+SCHEMA = 2  # samples.jsonl records with a nested verdict and candidate; 1 (no `schema` field): flat records
+CANCELLED_MESSAGE = "the task had stopped before this sample was judged"
+
 
 class StoreError(Exception):
-    """The run folder cannot be used (exists when it should not, or lacks config.json)."""
+    """The run folder cannot be used (exists when it should not, lacks config.json, a line is not a record)."""
 
 
 def task_slug(task_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "__", task_id)
+
+
+# ---------------------------------------------------------------- the record
+
+
+@dataclass
+class SampleRecord:
+    """One sample of a run: which slot it filled, what the generator wrote and what it cost, the candidate
+    taken from it and the oracle's whole verdict (timings, speed-of-light figures, flags, device).
+
+    `status` is the verdict's, or `cancelled` for a sample whose task stopped before it was judged (it has
+    no verdict). A duplicate (`duplicate_of`: the sample index that first brought the same candidate) carries
+    the earlier verdict and cost the oracle nothing.
+    """
+
+    task: str
+    strategy: str
+    round: int  # 0-based
+    chain: int  # 0-based: which of the n samples (chains) of a round
+    sample_index: int  # round * n + chain: the task's sample order, from 0
+    seed: int
+    status: str  # one of oracle.verdict.SAMPLE_STATUSES
+    verdict: Verdict | None = None  # None only when cancelled
+    candidate: Candidate | None = None  # None when the completion held no code (or the sample was cancelled first)
+    duplicate_of: int | None = None
+    completion: str = ""  # the generator's text ("" when generation failed)
+    tokens_in: int = 0  # prompt tokens
+    tokens_out: int = 0  # generated tokens
+    generation_s: float | None = None  # from the request's start to this sample's last token
+    finish_reason: str | None = None
+    replica: int | None = None  # which generator replica wrote it
+    oracle_device_s: float = 0.0  # seconds this sample held the oracle's device (0 for duplicates)
+    messages: list[dict[str, str]] = field(default_factory=list)  # the prompt
+    agent_steps: list[dict[str, Any]] = field(default_factory=list)  # a strategy's helper completions
+    recorded_at: float = 0.0  # time.time()
+
+    def __post_init__(self) -> None:
+        if self.status not in SAMPLE_STATUSES:
+            raise ValueError(f"unknown sample status {self.status!r}")
+        if (self.verdict is None) != (self.status == CANCELLED):
+            raise ValueError("a sample has a verdict unless it was cancelled")
+        if self.verdict is not None and self.verdict.status != self.status:
+            raise ValueError(f"status {self.status!r} differs from its verdict's {self.verdict.status!r}")
+
+    # ------------------------------------------------------------ what readers ask
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """The slot a sample fills: (task, round, chain)."""
+        return self.task, self.round, self.chain
+
+    @property
+    def message(self) -> str:
+        return self.verdict.message if self.verdict is not None else CANCELLED_MESSAGE
+
+    @property
+    def judged(self) -> bool:
+        """A sample that counts toward n (see `oracle.verdict.NOT_JUDGED`)."""
+        return is_judged(self.status)
+
+    @property
+    def correct(self) -> bool:
+        return self.status == "correct"
+
+    @property
+    def hash(self) -> str | None:
+        if self.candidate is not None:
+            return self.candidate.hash
+        return self.verdict.hash if self.verdict is not None else None
+
+    @property
+    def backend(self) -> str | None:
+        if self.candidate is not None:
+            return self.candidate.backend
+        return self.verdict.backend if self.verdict is not None else None
+
+    @property
+    def source(self) -> str | None:
+        return self.candidate.source if self.candidate is not None else None
+
+    @property
+    def time_ms(self) -> float | None:
+        return _finite(self.verdict.time_ms) if self.verdict is not None else None
+
+    @property
+    def speedup_vs_eager(self) -> float | None:
+        return _finite(self.verdict.speedup_vs_eager) if self.verdict is not None else None
+
+    @property
+    def speedup_vs_compile(self) -> float | None:
+        return _finite(self.verdict.speedup_vs_compile) if self.verdict is not None else None
+
+    @property
+    def compile_ms(self) -> float | None:
+        return _finite(self.verdict.compile_ms) if self.verdict is not None else None
+
+    @property
+    def flags(self) -> list[str]:
+        return list(self.verdict.flags) if self.verdict is not None else []
+
+    @property
+    def build_s(self) -> float | None:
+        """Build seconds this sample cost (0 for a duplicate: it reused the earlier build)."""
+        if self.duplicate_of is not None:
+            return 0.0
+        return _finite(self.verdict.build_s) if self.verdict is not None else None
+
+    @property
+    def verify_s(self) -> float | None:
+        if self.duplicate_of is not None or self.verdict is None:
+            return None
+        return _finite(self.verdict.verify_s)
+
+    def attempt(self) -> Attempt:
+        """This sample as a strategy sees an earlier round of its chain."""
+        return Attempt(self.round, self.completion, self.status, self.message, self.speedup_vs_eager, self.source)
+
+    # ------------------------------------------------------------ the line format
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **asdict(self)}  # the verdict and the candidate nest as objects
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "SampleRecord":
+        """A record from one line of samples.jsonl, of this schema or of the flat one before it. Raises
+        ValueError, KeyError or TypeError when the line is not a record."""
+        if not isinstance(data, dict):
+            raise TypeError("not a JSON object")
+        if data.get("schema") is None:
+            return cls._from_flat(data)
+        if data["schema"] != SCHEMA:
+            raise ValueError(f"schema {data['schema']!r} is not one this version reads ({SCHEMA})")
+        values = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        values["verdict"] = Verdict.from_json(data["verdict"]) if data.get("verdict") is not None else None
+        values["candidate"] = Candidate(**data["candidate"]) if data.get("candidate") is not None else None
+        return cls(**values)
+
+    @classmethod
+    def _from_flat(cls, data: dict[str, Any]) -> "SampleRecord":
+        """The flat records of runs made before this schema: the verdict's fields beside the sample's, no
+        source (it is taken from the completion again, once, here), `sample` for the chain."""
+        task, status = data["task"], data["status"]
+        if not isinstance(task, str) or not isinstance(status, str):
+            raise TypeError("task and status must be strings")
+        chain = _int(data.get("sample"))
+        index = _int(data.get("sample_number"))
+        index = index if index is not None else chain
+        duplicate = _int(data.get("duplicate_of"))
+        verdict = None
+        if status != CANCELLED:
+            verdict = Verdict.from_json({**data, "task": task, "message": str(data.get("message") or "")})
+        completion = data.get("completion") if isinstance(data.get("completion"), str) else ""
+        candidate = None
+        if isinstance(data.get("hash"), str) and data.get("backend") in BACKENDS:
+            source, _ = extract_source(completion)
+            if source is not None:
+                candidate = Candidate(task_id=task, backend=data["backend"], source=source, hash=data["hash"])
+        device_s = 0.0
+        if verdict is not None and duplicate is None:
+            device_s = (_finite(verdict.verify_s) or 0.0) + (_finite(verdict.time_s) or 0.0)
+        return cls(
+            task=task, strategy=str(data.get("strategy") or ""), round=_int(data.get("round")) or 0,
+            chain=chain or 0, sample_index=index or 0, seed=_int(data.get("seed")) or 0, status=status,
+            verdict=verdict, candidate=candidate, duplicate_of=duplicate, completion=completion,
+            tokens_in=_int(data.get("prompt_tokens")) or 0, tokens_out=_int(data.get("tokens")) or 0,
+            finish_reason=data.get("finish_reason"), replica=_int(data.get("replica")), oracle_device_s=device_s,
+            messages=list(data.get("messages") or []), agent_steps=list(data.get("agent_steps") or []),
+            recorded_at=_finite(data.get("recorded_at")) or 0.0)
+
+
+def _finite(x: Any) -> float | None:
+    """A finite number, or None (missing, null, a string, NaN): figures read from disk may be anything."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x) if math.isfinite(x) else None
+
+
+def _int(x: Any) -> int | None:
+    return int(x) if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+# ---------------------------------------------------------------- reading JSON lines
+
+
+@dataclass
+class JsonLines:
+    """A JSON-lines file as read: the parsed lines, the ones that are not JSON, and an unterminated last line."""
+
+    rows: list[tuple[int, Any]]  # (line number from 1, value)
+    bad: list[tuple[int, str]]  # (line number, why: "is not valid JSON (...)")
+    tail: tuple[int, str] | None = None  # (line number, text) of a last line without its newline (being
+    # written, or cut by a crash)
+
+
+def read_jsonl(path: Path) -> JsonLines:
+    """Every line of a JSON-lines file; blank lines are skipped. Raises OSError or UnicodeDecodeError."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    last = lines.pop()  # "" when the file ends with a newline
+    out = JsonLines([], [], (len(lines) + 1, last) if last.strip() else None)
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.rows.append((number, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            out.bad.append((number, f"is not valid JSON ({exc.msg})"))
+    return out
+
+
+def read_samples(path: Path) -> list[SampleRecord]:
+    """The sample records of a samples.jsonl, in file order. An unterminated last line was never recorded
+    and is not read; any other line that is not a record is a StoreError that names it (one line)."""
+    try:
+        lines = read_jsonl(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StoreError(f"{path}: cannot read the samples ({exc.__class__.__name__})") from None
+    if lines.bad:
+        number, _ = lines.bad[0]
+        raise StoreError(f"{path}: line {number} is not valid JSON")
+    records = []
+    for number, data in lines.rows:
+        try:
+            records.append(SampleRecord.from_json(data))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(f"{path}: line {number} is not a sample record ({_why(exc)})") from None
+    return records
+
+
+def _why(exc: Exception) -> str:
+    return f"no {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc).splitlines()[0][:200]
+
+
+# ---------------------------------------------------------------- the folder
 
 
 class RunStore:
@@ -61,7 +308,8 @@ class RunStore:
         (self.root / "config.json").write_text(json.dumps(config, indent=1))
 
     def _drop_torn_tail(self) -> None:
-        """Cut a last line that a crash left without its newline (it never counted as recorded)."""
+        """Cut a last line that a crash left without its newline (it never counted as recorded), so that
+        the next append starts a line of its own."""
         if not self.samples_path.exists():
             self.samples_path.touch()
             return
@@ -71,19 +319,11 @@ class RunStore:
             with open(self.samples_path, "r+b") as f:
                 f.truncate(keep)
 
-    def samples(self) -> list[dict[str, Any]]:
-        rows = []
-        if self.samples_path.exists():
-            for line in self.samples_path.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        continue
-        return rows
+    def samples(self) -> list[SampleRecord]:
+        return read_samples(self.samples_path) if self.samples_path.exists() else []
 
-    def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, default=str) + "\n"
+    def append(self, record: SampleRecord) -> None:
+        line = json.dumps(record.to_json(), default=str) + "\n"
         with self._lock, open(self.samples_path, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()

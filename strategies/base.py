@@ -11,13 +11,14 @@ from tasks.model import Task
 
 @dataclass
 class Attempt:
-    """One earlier round of a chain: what the model wrote and what the oracle said."""
+    """One earlier round of a chain: what the model wrote, the module the oracle judged, what it said."""
 
     round: int
     completion: str
     status: str
     message: str
     speedup_vs_eager: float | None = None
+    source: str | None = None  # the candidate module taken from the completion; None: there was none
 
 
 class Tools(Protocol):

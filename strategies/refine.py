@@ -8,7 +8,6 @@ controller ends a chain once it is correct and fast enough, or out of rounds.
 
 from __future__ import annotations
 
-from oracle.extract import extract
 from strategies.base import Attempt, Strategy
 from strategies.prompts import task_block
 from strategies.zero_shot import ZeroShot
@@ -32,9 +31,9 @@ ADVICE = {
 
 
 def previous_code(attempt: Attempt) -> str:
-    """The code of an earlier answer as the next prompt shows it: the extracted module, else the raw text (cut)."""
-    found = extract(attempt.completion or "", "auto")
-    text = found.source if found.source is not None else (attempt.completion or "")
+    """The code of an earlier answer as the next prompt shows it: the module the oracle judged, else the raw
+    text (cut)."""
+    text = attempt.source if attempt.source is not None else (attempt.completion or "")
     if len(text) > MAX_CODE_CHARS:
         text = text[:MAX_CODE_CHARS] + "\n# ... (cut)"
     return text

@@ -46,3 +46,37 @@ def test_bad_flags_give_one_line_errors():
 def test_strategies_lists_each_with_a_line():
     out = kernelsearch("strategies")
     assert out.returncode == 0 and "zero-shot" in out.stdout
+
+
+def one_line_error(out: subprocess.CompletedProcess) -> str:
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    return lines[0]
+
+
+def test_flag_errors_of_the_framework_are_one_line_too():
+    line = one_line_error(kernelsearch("run", "-n", "0"))
+    assert "'-n'" in line and "greater than or equal to 1" in line and "`kernelsearch run --help`" in line
+    assert "No such option: --nope" in one_line_error(kernelsearch("tasks", "--nope"))
+    assert "Missing argument" in one_line_error(kernelsearch("eval", "builtin/1_LeakyReLU_Scale"))
+
+
+def test_an_unknown_task_for_eval_is_reported_once():
+    line = one_line_error(kernelsearch("eval", "builtin/none", "README.md", "--device", "cpu"))
+    assert "builtin/none" in line
+
+
+def test_version_and_counted_nouns():
+    out = kernelsearch("--version")
+    assert out.returncode == 0 and out.stdout.startswith("kernelsearch ")
+    one = kernelsearch("tasks", "--tasks", "builtin/3_Softmax_Rows", "--device", "cpu")
+    assert one.returncode == 0 and "1 task from builtin" in one.stdout
+
+
+def test_ids_and_help_are_whole_when_the_output_is_not_a_terminal():
+    out = kernelsearch("tasks", "--device", "cpu")  # stdout is a pipe here
+    ids = [row["id"] for row in json.loads(kernelsearch("tasks", "--json", "--device", "cpu").stdout)]
+    assert out.returncode == 0 and "…" not in out.stdout
+    assert all(task_id in out.stdout for task_id in ids)
+    help_text = " ".join(kernelsearch("run", "--help").stdout.split())
+    assert "openai:URL[#model]" in help_text and "…" not in help_text

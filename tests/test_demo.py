@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from search.demo import DATA, DEMO_TASKS, REAL_MODEL_COMMAND, VARIANTS, demo_completions, expected_outcomes
+from search.store import read_samples
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,11 +51,11 @@ def test_demo_judges_every_variant_as_expected(demo_run):
     assert "no model is used" in stdout and "No model was used" in stdout and REAL_MODEL_COMMAND in stdout
     assert not re.search(r"\x1b|\r", stdout), "piped output must carry no control codes"
     assert len(re.findall(r"^\[\d+/18\] ", stdout, re.M)) == 18
-    assert re.search(r"^pass@k over 3 task\(s\): k=1 0\.333 k=2 .* k=4 .* k=6 1\.000", stdout, re.M)
+    assert re.search(r"^pass@k over 3 tasks: k=1 0\.333 k=2 .* k=4 .* k=6 1\.000", stdout, re.M)
     assert "kernelsearch report" in stdout
 
-    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines() if line.strip()]
-    assert len(records) == 18 and Counter(r["task"] for r in records) == {t: 6 for t in DEMO_TASKS}
+    records = read_samples(out / "samples.jsonl")
+    assert len(records) == 18 and Counter(r.task for r in records) == {t: 6 for t in DEMO_TASKS}
     outcomes = expected_outcomes(out)
     for task in DEMO_TASKS:
         mine = {o["variant"]: o for o in outcomes if o["task"] == task}
@@ -79,7 +80,7 @@ def test_report_json_and_plot_from_the_demo_run(demo_run, tmp_path):
     res = subprocess.run([sys.executable, "-m", "search.cli", "report", str(out), "--json", "--plot", str(plot),
                           "--csv", str(table)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    data = json.loads(res.stdout.strip().splitlines()[-1])
+    data = json.loads(res.stdout)  # with --json, stdout is the JSON object alone
     run = data["runs"][0]
     assert run["n"] == 6 and run["samples"] == 18 and run["correct"] == 6
     # each task: 2 correct of 6 -> pass@1 = 1/3, pass@k = 1 - C(4,k)/C(6,k), and fast_0.0@k is pass@k
@@ -95,6 +96,8 @@ def test_report_json_and_plot_from_the_demo_run(demo_run, tmp_path):
         t = run["tasks"][task]
         assert t["status_counts"] == {"correct": 2, "incorrect": 1, "compile_error": 1, "runtime_error": 1, "rejected": 1}
         assert t["best_retimed"] and t["best_speedup_vs_eager"] > 0
-    assert "pass@k [95% CI]" in res.stdout and "tasks of run" in res.stdout
+    tables = subprocess.run([sys.executable, "-m", "search.cli", "report", str(out)], capture_output=True, text=True,
+                            cwd=ROOT, env=env, timeout=300)
+    assert "pass@k [95% CI]" in tables.stdout and "tasks of run" in tables.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
     assert len(table.read_text().splitlines()) == 1 + len(DEMO_TASKS)

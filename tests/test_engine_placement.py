@@ -1,8 +1,8 @@
-"""Where the generator replicas and the oracles go, the timing gate, and replicas behind one handle.
+"""Where the generator replicas and the oracles go, the timing gate, and replicas behind one client.
 
 Fast: the placement decision on made-up clusters (0, 1, 2, 8 GPUs; tensor parallel 1 and 2; 1 and 2
-replicas; --gpus), the runtime_env for joining a cluster, the gate's reference counting, and the replica
-spreading, abort and death handling with stand-in actors (no Ray). Slow (Ray, a CPU oracle, replay):
+replicas; --gpus), the runtime_env for joining a cluster, the gate's reference counting, and the
+GeneratorClient's spreading, abort and death handling with stand-in actors (no Ray). Slow (Ray, a CPU oracle, replay):
 `kernelsearch run --generator-replicas 2` end to end, the pause around every timing slot, and a replica
 killed mid-run.
 """
@@ -10,6 +10,7 @@ killed mid-run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 
 from search.gate import GateState
 from search.generators.base import Completion, SampleRequest
-from search.generators.replicas import GeneratorReplicas
+from search.generators.client import GeneratorClient
 from search.placement import PACKAGES, PlacementError, cluster_runtime_env, plan_placement
 from tests.test_search_run import TASK, kernelsearch, records, write_replay
 
@@ -214,7 +215,7 @@ def test_gate_state_counts_holders():
     assert s.forget("b") == {"group0"} and not s.held(g0)
 
 
-# -- replicas behind one handle (stand-in actors, no Ray) ---------------------------------------------------
+# -- replicas behind one client (stand-in actors, no Ray) ---------------------------------------------------
 
 
 class _M:
@@ -260,17 +261,13 @@ class FakeActor:
         return {}
 
 
-async def drain(reps: GeneratorReplicas, req: SampleRequest) -> list[Completion]:
-    await reps.start.remote(req)
-    out = []
-    while (c := await reps.next.remote(req.request_id)) is not None:
-        out.append(c)
-    return out
+async def drain(reps: GeneratorClient, req: SampleRequest) -> list[Completion]:
+    return [c async for c in reps.sample(req)]
 
 
 def test_replicas_spread_samples_least_outstanding_first():
     a, b = FakeActor("a"), FakeActor("b")
-    reps = GeneratorReplicas([a, b])
+    reps = GeneratorClient([a, b])
     req = SampleRequest("r1", "t", [], seeds=[10, 11, 12, 13, 14], samples=[5, 6, 7, 8, 9])
     got = asyncio.run(drain(reps, req))
     assert sorted(c.index for c in got) == [0, 1, 2, 3, 4]
@@ -279,6 +276,7 @@ def test_replicas_spread_samples_least_outstanding_first():
         assert c.seed == req.seeds[i] and c.text.endswith(f":{req.samples[i]}") and c.request_id == "r1"
         assert c.text.startswith("ab"[c.replica])
     assert sorted(c.replica for c in got) == [0, 0, 0, 1, 1] and reps.outstanding == [0, 0]
+    assert all(c.generation_s is not None and c.generation_s >= 0 for c in got)
     reps.outstanding = [3, 0]  # a busy replica gets fewer new samples
     assert reps.assign(5) == [[3], [0, 1, 2, 4]]
     assert asyncio.run(drain(reps, SampleRequest("r2", "t", [], seeds=[1]))) != []
@@ -286,27 +284,32 @@ def test_replicas_spread_samples_least_outstanding_first():
 
 
 async def describe(reps):
-    return await reps.describe.remote()
+    return await reps.describe()
 
 
 def test_one_replica_keeps_the_request_id():
     a = FakeActor("a")
-    got = asyncio.run(drain(GeneratorReplicas([a]), SampleRequest("solo", "t", [], seeds=[1, 2])))
+    got = asyncio.run(drain(GeneratorClient([a]), SampleRequest("solo", "t", [], seeds=[1, 2])))
     assert [c.replica for c in got] == [0, 0] and "solo" in a.queues
 
 
 def test_abort_goes_to_the_replicas_holding_the_request():
     a, b, c = FakeActor("a"), FakeActor("b"), FakeActor("c")
-    reps = GeneratorReplicas([a, b, c])
+    reps = GeneratorClient([a, b, c])
 
     async def go():
         reps.outstanding = [0, 0, 5]
-        await reps.start.remote(SampleRequest("r", "t", [], seeds=[1, 2]))
-        await reps.abort.remote("r")
-        await reps.abort.remote("unknown")
+        stream = reps.sample(SampleRequest("r", "t", [], seeds=[1, 2]))
+        first = asyncio.ensure_future(stream.__anext__())
+        while "r" not in reps._requests:  # the request has started on its replicas
+            await asyncio.sleep(0)
+        await reps.abort("r")
+        await reps.abort("unknown")
         rest = []
-        while (x := await reps.next.remote("r")) is not None:
-            rest.append(x)
+        with contextlib.suppress(StopAsyncIteration):
+            rest.append(await first)
+            async for x in stream:
+                rest.append(x)
         return rest
 
     asyncio.run(go())
@@ -316,7 +319,7 @@ def test_abort_goes_to_the_replicas_holding_the_request():
 
 def test_a_dead_replica_fails_its_outstanding_samples_once():
     a, b = FakeActor("a"), FakeActor("b", die_after=1)
-    reps = GeneratorReplicas([a, b])
+    reps = GeneratorClient([a, b])
     got = asyncio.run(drain(reps, SampleRequest("r", "t", [], seeds=list(range(6)))))
     assert sorted(c.index for c in got) == list(range(6)), "a sample was lost or reported twice"
     failed = [c for c in got if c.error]
@@ -331,7 +334,7 @@ def test_a_generator_error_fails_only_that_part():
         b.queues[req.request_id] = [Completion(req.request_id, -1, 0, "", error="boom")]
 
     b.start = _M(broken)
-    got = asyncio.run(drain(GeneratorReplicas([a, b]), SampleRequest("r", "t", [], seeds=[1, 2, 3, 4])))
+    got = asyncio.run(drain(GeneratorClient([a, b]), SampleRequest("r", "t", [], seeds=[1, 2, 3, 4])))
     assert sorted(c.index for c in got) == [0, 1, 2, 3]
     assert sorted(c.index for c in got if c.error == "boom") == [1, 3]
 
@@ -353,9 +356,9 @@ def test_run_with_two_replicas_end_to_end(tmp_path, env):
                        "--generator-replicas", "2", "--device", "cpu", "--out", str(out), env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = records(out)
-    assert sorted(r["sample"] for r in rows) == list(range(6))
-    assert sorted(r["replica"] for r in rows) == [0, 0, 0, 1, 1, 1], "samples were not spread over both replicas"
-    assert {"correct", "incorrect", "no_code"} <= {r["status"] for r in rows}
+    assert sorted(r.chain for r in rows) == list(range(6))
+    assert sorted(r.replica for r in rows) == [0, 0, 0, 1, 1, 1], "samples were not spread over both replicas"
+    assert {"correct", "incorrect", "no_code"} <= {r.status for r in rows}
     config = json.loads((out / "config.json").read_text())
     assert config["generator_replicas"] == 2 and config["generator_info"]["replicas"] == 2
     assert config["generator_info"]["placement"]["shared"] is False
@@ -386,7 +389,7 @@ def _engine_run(tmp_path, env, monkeypatch, names, n, settings_kw, during=None):
             await during(engine, search, extra)
         await search
         extra["gate"] = await engine.gate.stats.remote() if engine.gate is not None else None
-        extra["generators"] = await engine.generator.stats.remote()
+        extra["generators"] = await engine.generator.stats()
         return engine
 
     try:
@@ -406,8 +409,7 @@ def test_generation_pauses_while_the_oracle_times(tmp_path, env, monkeypatch):
         k = 0
         while not search.done():
             req = SampleRequest(f"side{k}", TASK, [], seeds=[k, k + 1], samples=[0, 1])
-            await engine.generator.start.remote(req)
-            while await engine.generator.next.remote(req.request_id) is not None:
+            async for _ in engine.generator.sample(req):
                 pass
             k += 1
         extra["side_requests"] = k
@@ -416,11 +418,11 @@ def test_generation_pauses_while_the_oracle_times(tmp_path, env, monkeypatch):
                                  6, dict(generator_replicas=2, share_generator=True, generator_options={"delay_s": 0.3}),
                                  during=keep_generating)
     gate, gens = extra["gate"], extra["generators"]
-    assert len(rows) == 6 and {r["replica"] for r in rows} == {0, 1}
+    assert len(rows) == 6 and {r.replica for r in rows} == {0, 1}
     # The gate is held only while something is timed: each candidate that passed its checks, the reference's
     # baselines on their first use, and the best's re-timing (eager timed again, then the kernel). Checks run
     # with generation going on.
-    timed = sum(1 for r in rows if r.get("time_ms") is not None and r["duplicate_of"] is None) + 1 + 2
+    timed = sum(1 for r in rows if r.time_ms is not None and r.duplicate_of is None) + 1 + 2
     print("gate:", {k: v for k, v in gate.items() if k != "events"}, "side requests:", extra["side_requests"],
           "generators:", [{k: v for k, v in g.items() if k != "emitted"} for g in gens])
     assert gate["pause_calls"] == gate["resume_calls"] == timed
@@ -462,8 +464,8 @@ def test_a_replica_killed_mid_run_and_the_run_finishes(tmp_path, env, monkeypatc
                                       dict(generator_replicas=2, generator_options={"delay_s": 1.0}),
                                       during=kill_replica_1)
     assert extra.get("killed")
-    assert sorted(r["sample"] for r in rows) == list(range(8)), "a sample was lost or recorded twice"
-    died = [r for r in rows if "replica 1 died" in (r["message"] or "")]
-    assert died and all(r["replica"] == 1 and r["status"] == "no_code" for r in died)
+    assert sorted(r.chain for r in rows) == list(range(8)), "a sample was lost or recorded twice"
+    died = [r for r in rows if "replica 1 died" in r.message]
+    assert died and all(r.replica == 1 and r.status == "no_code" for r in died)
     assert engine.generator.deaths == [0, 1]
     assert not any(g.get("dead") for g in extra["generators"]), "the killed replica was not restarted"

@@ -10,8 +10,10 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
+from oracle.verdict import Verdict
 from search.progress import RunProgress, fmt_duration
 from search.stats import pass_at_k
+from search.store import SampleRecord
 
 ANSI = re.compile(r"\x1b|\x9b|\r")
 TASKS = [SimpleNamespace(id="builtin/1_LeakyReLU_Scale", level=1), SimpleNamespace(id="builtin/4_RMSNorm_LastDim", level=1)]
@@ -25,9 +27,10 @@ class Clock:
         return self.t
 
 
-def rec(task: str, number: int, status: str, speedup: float | None = None, **extra) -> dict:
-    return {"task": task, "round": 0, "sample": number, "sample_number": number, "status": status,
-            "speedup_vs_eager": speedup, "speedup_vs_compile": None, "duplicate_of": None, **extra}
+def rec(task: str, number: int, status: str, speedup: float | None = None, duplicate_of: int | None = None) -> SampleRecord:
+    verdict = Verdict(task, status, "", time_ms=1.0 if status == "correct" else None, speedup_vs_eager=speedup)
+    return SampleRecord(task, "zero-shot", round=0, chain=number, sample_index=number, seed=number, status=status,
+                        verdict=verdict, duplicate_of=duplicate_of)
 
 
 # task 0: wrong, correct (1.5x), correct (0.5x), compile error; task 1: wrong, rejected, runtime error, correct (2x)
@@ -60,7 +63,7 @@ def test_plain_output_has_no_control_codes_and_prints_pass_at_k_lines():
     text = buf.getvalue()
     assert not ANSI.search(text), "plain output must carry no control codes"
     lines = text.splitlines()
-    assert lines[0] == "8 samples planned over 2 task(s)"
+    assert lines[0] == "8 samples planned over 2 tasks"
     # one line a sample, numbered, with the speedup of correct ones
     sample_lines = [ln for ln in lines if ln.startswith("[")]
     assert len(sample_lines) == 8
@@ -70,7 +73,7 @@ def test_plain_output_has_no_control_codes_and_prints_pass_at_k_lines():
     pass_lines = [ln for ln in lines if ln.startswith("pass@k over")]
     assert len(pass_lines) == 2
     # after 4 samples: task 0 has n=2, c=1; task 1 has n=2, c=0 -> pass@1 = 0.25, pass@2 = 0.5
-    assert pass_lines[0].startswith("pass@k over 2 task(s): k=1 0.250 k=2 0.500 | fast_1.0@2 0.500 | 4/8 samples")
+    assert pass_lines[0].startswith("pass@k over 2 tasks: k=1 0.250 k=2 0.500 | fast_1.0@2 0.500 | 4/8 samples")
     final1 = (pass_at_k(4, 2, 1) + pass_at_k(4, 1, 1)) / 2
     final4 = 1.0
     assert f"k=1 {final1:.3f}" in pass_lines[1] and f"k=4 {final4:.3f}" in pass_lines[1]
@@ -117,7 +120,7 @@ def test_task_table_is_capped_with_a_summary_line():
     console.print(progress.renderable())
     text = console.export_text()
     assert "level1/7_T" in text  # the running task is among those shown
-    assert "... and 25 more task(s): 25 waiting" in text
+    assert "... and 25 more tasks: 25 waiting" in text
 
 
 def test_plain_pass_line_says_over_how_many_tasks_a_k_is_taken():
@@ -126,7 +129,7 @@ def test_plain_pass_line_says_over_how_many_tasks_a_k_is_taken():
     for r in SAMPLES[:2] + [SAMPLES[2]]:  # task 0 has 2 samples, task 1 has 1
         progress.record(r)
     line = [ln for ln in buf.getvalue().splitlines() if ln.startswith("pass@k")][-1]
-    assert line.startswith("pass@k over 2 task(s): k=1 0.250 k=2 1.000 (1/2 tasks) |")
+    assert line.startswith("pass@k over 2 tasks: k=1 0.250 k=2 1.000 (1/2 tasks) |")
 
 
 def test_resume_counts_recorded_samples_but_not_in_the_rate():
@@ -162,3 +165,19 @@ def test_early_stopped_task_shows_as_solved():
     progress.record(rec(TASKS[0].id, 0, "correct", 1.5))
     progress.record(rec(TASKS[1].id, 0, "correct", 0.5))
     assert progress.task_status(TASKS[0].id) == "solved" and progress.task_status(TASKS[1].id) == "running"
+
+
+def test_counts_read_as_words_and_long_ids_are_never_cut():
+    buf = io.StringIO()
+    long_id = "level2/2_ConvTranspose2d_BiasAdd_Clamp_Scaling_Clamp_Divide"
+    progress = RunProgress(Console(file=buf, width=100), [SimpleNamespace(id=long_id, level=2)], 1, [], every=1)
+    with progress:
+        progress.record(rec(long_id, 0, "unsupported"))
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "1 sample planned over 1 task"
+    assert lines[1] == f"[1/1] {long_id} sample #1: unsupported"
+    console = Console(record=True, force_terminal=True, width=100)  # the live table: the id folds, whole
+    console.print(progress.task_table())
+    text = console.export_text()
+    assert "…" not in text and "1 unsupported" in text
+    assert long_id in "".join(ln.split("│")[1].strip() for ln in text.splitlines() if ln.startswith("│"))

@@ -3,6 +3,7 @@ early stop, de-duplication, SIGKILL and resume, and an oracle actor killed mid-r
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from search.generators.replay import ReplayGenerator
 from search.generators.base import SampleRequest
+from search.generators.replay import ReplayGenerator
+from search.store import SampleRecord, read_samples
 
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATES = ROOT / "tests" / "candidates"
@@ -34,8 +36,8 @@ def kernelsearch(*args: str, env: dict | None = None, timeout: float = 900) -> s
                           cwd=ROOT, env=env or os.environ.copy(), timeout=timeout)
 
 
-def records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines() if line.strip()]
+def records(run: Path) -> list[SampleRecord]:
+    return read_samples(run / "samples.jsonl")
 
 
 async def collect(gen, request):
@@ -43,8 +45,6 @@ async def collect(gen, request):
 
 
 def test_replay_draws_without_replacement_then_wraps(tmp_path):
-    import asyncio
-
     path = write_replay(tmp_path / "r.jsonl", ["correct", "wrong_slope", "prose"])
     gen = ReplayGenerator(path, seed=3)
     req = SampleRequest("r1", TASK, [], seeds=list(range(6)), samples=list(range(6)))
@@ -53,6 +53,46 @@ def test_replay_draws_without_replacement_then_wraps(tmp_path):
     assert sorted(gen.order(TASK)) == [0, 1, 2] and ReplayGenerator(path, seed=3).order(TASK) == gen.order(TASK)
     missing = asyncio.run(collect(gen, SampleRequest("r2", "builtin/none", [], seeds=[1])))
     assert missing[0].error and not missing[0].text
+
+
+def test_replay_names_its_bad_lines_and_reads_a_run_of_either_record_format(tmp_path):
+    from search.generators.replay import read_replay
+
+    path = write_replay(tmp_path / "r.jsonl", ["correct", "prose"])
+    with open(path, "a") as f:
+        f.write('not json\n["a list"]\n{"task": "builtin/x"}\n\n')
+        f.write(json.dumps({"task": TASK, "completion": "no newline at the end"}))  # a hand-written last line
+    found = read_replay(path)
+    assert found.tasks == [TASK] and len(found.by_task[TASK]) == 3
+    assert found.skipped == ["line 3 is not valid JSON (Expecting value), skipped",
+                             "line 4 has no `task` and `completion` text, skipped",
+                             "line 5 has no `task` and `completion` text, skipped"]
+    # a run's samples.jsonl, flat (before SampleRecord) or nested, replays with its recorded token counts
+    old = read_replay(ROOT / "tests" / "fixtures" / "run_v1" / "samples.jsonl")
+    assert old.skipped == [] and len(old.by_task[TASK]) == 4
+    record = records(ROOT / "tests" / "fixtures" / "run_v1")[0]
+    record.tokens_in, record.tokens_out = 7, 9
+    (tmp_path / "new.jsonl").write_text(json.dumps(record.to_json()) + "\n")
+    gen = ReplayGenerator(tmp_path / "new.jsonl")
+    (c,) = asyncio.run(collect(gen, SampleRequest("r", TASK, [], seeds=[1])))
+    assert (c.text, c.tokens, c.prompt_tokens) == (record.completion, 9, 7)
+
+
+def test_a_bad_generator_fails_before_anything_starts(tmp_path):
+    for spec, words in (("replay:/no/such/file.jsonl", "does not exist"), ("nonsense", "not one of")):
+        res = kernelsearch("run", "--generator", spec, "--out", str(tmp_path / "x"), "--device", "cpu", timeout=120)
+        assert res.returncode == 2 and res.stderr.strip().splitlines() == [res.stderr.strip()], res.stderr
+        assert res.stderr.startswith("error: ") and words in res.stderr and "GeneratorError" not in res.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_replay_runs_the_tasks_its_file_names_when_none_are_selected(tmp_path):
+    replay = tmp_path / "r.jsonl"
+    replay.write_text(json.dumps({"task": "builtin/none", "completion": "x"}) + "\n")
+    res = kernelsearch("run", "--generator", f"replay:{replay}", "-n", "1", "--out", str(tmp_path / "x"),
+                       "--device", "cpu", timeout=300)
+    assert "tasks: the 1 task that replay:" in res.stderr and "unknown task builtin/none" in res.stderr
+    assert res.returncode == 2 and "error: no tasks selected" in res.stderr
 
 
 @pytest.fixture(scope="module")
@@ -64,19 +104,28 @@ def env(tmp_path_factory):
 @pytest.mark.slow
 def test_run_replay_end_to_end_with_dedup_and_best(tmp_path, env):
     replay = write_replay(tmp_path / "r.jsonl", ["correct", "wrong_slope", "prose", "segfault"])
+    with open(replay, "a") as f:
+        f.write("not json\n")  # named and skipped; the run goes on
     out = tmp_path / "run"
-    res = kernelsearch("run", "--tasks", TASK, "--generator", f"replay:{replay}", "-n", "6", "--no-early-stop",
+    # no task selection: the tasks the replay file names (one), not every task of the source
+    res = kernelsearch("run", "--generator", f"replay:{replay}", "-n", "6", "--no-early-stop",
                        "--device", "cpu", "--out", str(out), env=env)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "tasks: the 1 task that replay:" in res.stderr and "line 5 is not valid JSON" in res.stderr
     rows = records(out)
-    assert len(rows) == 6 and sorted(r["sample"] for r in rows) == list(range(6))
-    statuses = {r["status"] for r in rows}
+    assert len(rows) == 6 and sorted(r.chain for r in rows) == list(range(6))
+    statuses = {r.status for r in rows}
     assert {"correct", "incorrect", "no_code", "runtime_error"} <= statuses
-    dups = [r for r in rows if r["duplicate_of"] is not None]
-    assert len(dups) == 2 and all(r["build_s"] == 0.0 for r in dups)  # 6 samples of 4 completions
-    for key in ("task", "strategy", "round", "sample", "seed", "completion", "hash", "status", "message",
-                "time_ms", "speedup_vs_eager", "tokens"):
-        assert key in rows[0]
+    dups = [r for r in rows if r.duplicate_of is not None]
+    assert len(dups) == 2 and all(r.build_s == 0.0 and r.oracle_device_s == 0.0 for r in dups)  # 6 samples of 4
+    # the record carries the whole verdict and the judged source, so a verdict can be audited from the log
+    correct = next(r for r in rows if r.correct and r.duplicate_of is None)
+    assert correct.verdict.timing["candidate"]["median_ms"] > 0 and correct.verdict.device == "cpu"
+    assert "class ModelNew" in correct.source and correct.candidate.backend == "cpp"
+    assert correct.oracle_device_s == pytest.approx(correct.verdict.verify_s + correct.verdict.time_s)
+    assert all(r.tokens_out == 100 and r.generation_s is not None for r in rows)
+    line = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
+    assert line["schema"] == 2 and {"verdict", "candidate", "completion", "tokens_in", "tokens_out"} <= set(line)
     config = json.loads((out / "config.json").read_text())
     assert config["plan"]["n"] == 6 and config["tasks"][0]["id"] == TASK and config["generator_info"]["kind"] == "replay"
     best = json.loads((out / "best" / "builtin__1_LeakyReLU_Scale.json").read_text())
@@ -97,8 +146,8 @@ def test_early_stop_cancels_the_rest(tmp_path, env):
                        "--target-speedup", "0.01", "--device", "cpu", "--out", str(out), env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = records(out)
-    judged = [r for r in rows if r["status"] == "correct"]
-    cancelled = [r for r in rows if r["status"] == "cancelled"]
+    judged = [r for r in rows if r.status == "correct"]
+    cancelled = [r for r in rows if r.status == "cancelled"]
     # A CPU oracle on 2 cores has one build slot and one timing slot: at most 2 were in flight at the stop.
     assert 1 <= len(judged) <= 2 and len(cancelled) == 5 - len(judged)
     assert json.loads((out / "config.json").read_text())["plan"]["early_stop"] is True
@@ -121,7 +170,7 @@ def test_sigkill_then_resume_records_every_sample_once(tmp_path, env):
     res = kernelsearch("run", "--resume", str(out), env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     after = records(out)
-    keys = [(r["round"], r["sample"]) for r in after]
+    keys = [(r.round, r.chain) for r in after]
     assert len(after) == 6 and len(set(keys)) == 6
     assert after[: len(before)] == before
 
@@ -164,6 +213,6 @@ def test_oracle_actor_killed_mid_run_and_the_run_finishes(tmp_path, env, monkeyp
     asyncio.run(main())
     rows = records(tmp_path / "run")
     assert killed and len(rows) == 3
-    assert any("oracle_died" in r["flags"] for r in rows)
-    assert len({(r["round"], r["sample"]) for r in rows}) == 3
+    assert any("oracle_died" in r.flags for r in rows)
+    assert len({(r.round, r.chain) for r in rows}) == 3
     ray.shutdown()

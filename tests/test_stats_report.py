@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from oracle.verdict import Verdict
 from search.report import CSV_COLUMNS, ReportError, report
+from search.store import SampleRecord
 from search.stats import (RunStats, bootstrap_ci, curve, expected_best_speedup, expected_best_speedup_all_k,
                           fast_p_at_k, pass_at_all_k, pass_at_k, powers_of_two)
 
@@ -144,14 +146,16 @@ TASKS = [{"id": "level1/1_A", "level": 1}, {"id": "level1/2_B", "level": 1}, {"i
 
 
 def sample(task, strategy, number, status, n, eager=None, compile=None, dup=None, tokens=100, time_s=2.0,
-           build_s=10.0, at=0.0):
-    return {"task": task, "strategy": strategy, "round": number // n, "sample": number % n, "sample_number": number,
-            "seed": 1000 + number, "status": status, "message": "", "hash": None if status == "no_code" else f"h-{task}-{dup if dup is not None else number}",
-            "duplicate_of": dup, "time_ms": 1.0 if status == "correct" else None, "eager_ms": 1.5, "compile_ms": 1.2,
-            "speedup_vs_eager": eager, "speedup_vs_compile": compile,
-            "build_s": 0.0 if dup is not None else build_s, "verify_s": None if dup is not None else 1.0,
-            "time_s": None if dup is not None else time_s, "tokens": tokens, "prompt_tokens": 50,
-            "recorded_at": T0 + at}
+           build_s=10.0, at=0.0) -> SampleRecord:
+    verdict = None
+    if status != "cancelled":
+        verdict = Verdict(task, status, "", hash=None if status == "no_code" else f"h-{task}-{dup if dup is not None else number}",
+                          time_ms=1.0 if status == "correct" else None, eager_ms=1.5, compile_ms=1.2,
+                          speedup_vs_eager=eager, speedup_vs_compile=compile, build_s=build_s, verify_s=1.0, time_s=time_s)
+    device_s = 0.0 if verdict is None or dup is not None else verdict.device_s
+    return SampleRecord(task, strategy, round=number // n, chain=number % n, sample_index=number, seed=1000 + number,
+                        status=status, verdict=verdict, duplicate_of=dup, tokens_in=50, tokens_out=tokens,
+                        oracle_device_s=device_s, recorded_at=T0 + at)
 
 
 def write_run(root: Path, strategy: str, n: int, records: list[dict], best: dict | None = None) -> Path:
@@ -160,7 +164,8 @@ def write_run(root: Path, strategy: str, n: int, records: list[dict], best: dict
               "strategy": strategy, "generator": "replay:x.jsonl", "device": "cuda", "compile_baseline": True,
               "tasks": TASKS, "started_at": T0 - 5}
     (root / "config.json").write_text(json.dumps(config))
-    (root / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    lines = (r.to_json() if isinstance(r, SampleRecord) else r for r in records)
+    (root / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     (root / "best").mkdir()
     for slug, verdict in (best or {}).items():
         (root / "best" / f"{slug}.json").write_text(json.dumps(verdict))
@@ -211,8 +216,7 @@ def quiet() -> Console:
 def test_report_numbers_by_hand(run_a, tmp_path):
     console = quiet()
     out = report([run_a], console, as_json=True, csv_path=None, plot_path=None)
-    lines = console.file.getvalue().rstrip("\n").split("\n")
-    assert json.loads(lines[-1]) == json.loads(json.dumps(out))  # the last line is the whole JSON object
+    assert json.loads(console.file.getvalue()) == json.loads(json.dumps(out))  # the JSON object and nothing else
 
     (run,) = out["runs"]
     assert run["label"] == "run_a" and run["strategy"] == "best_of_n"
@@ -248,24 +252,24 @@ def test_report_numbers_by_hand(run_a, tmp_path):
         assert low <= p[k] <= high
 
     a, b, c = (run["tasks"][t] for t in ("level1/1_A", "level1/2_B", "level2/3_C"))
-    assert (a["samples"], a["correct"], a["duplicates"], a["first_correct_sample_number"]) == (4, 2, 1, 0)
+    assert (a["samples"], a["correct"], a["duplicates"], a["first_correct_sample_from_1"]) == (4, 2, 1, 1)
     assert a["status_counts"] == {"correct": 2, "incorrect": 1, "compile_error": 1}
     assert (a["best_speedup_vs_eager"], a["best_speedup_vs_compile"], a["best_retimed"]) == (1.5, 0.9, False)
-    assert (b["correct"], b["first_correct_sample_number"], b["best_speedup_vs_eager"]) == (0, None, None)
-    assert (c["samples"], c["cancelled"], c["first_correct_sample_number"]) == (2, 1, 1)
+    assert (b["correct"], b["first_correct_sample_from_1"], b["best_speedup_vs_eager"]) == (0, None, None)
+    assert (c["samples"], c["cancelled"], c["first_correct_sample_from_1"]) == (2, 1, 2)
     assert (c["best_speedup_vs_eager"], c["best_speedup_vs_compile"], c["best_retimed"]) == (2.4, 1.1, True)
     assert c["best_sample_speedup_vs_eager"] == 2.5
     assert c["fast"] == {"0.0": 1, "1.0": 1, "1.5": 1, "2.0": 1}
 
     cost = run["cost"]
     assert cost["tokens"] == 10 * 100 + 40 and cost["prompt_tokens"] == 11 * 50
-    # time_s: A 2 + 2 + (dup: null) + 0, B 2 + 30 + (no code: null) + 2, C 2 + 2 + (cancelled: null)
-    assert cost["device_s"] == pytest.approx(2 + 2 + 0 + 2 + 30 + 2 + 2 + 2)
+    # device seconds (checks 1 s, then timing): A 3 + 3 + (dup) 0 + 1, B 3 + 31 + (no code) 1 + 3, C 3 + 3 + (cancelled) 0
+    assert cost["device_s"] == pytest.approx(3 + 3 + 0 + 1 + 3 + 31 + 1 + 3 + 3 + 3 + 0)
     assert cost["build_cpu_s"] == pytest.approx(10 * 8)  # 11 records less the duplicate, no_code, cancelled
     assert cost["wall_s"] == pytest.approx(11 + 5)  # from the config's started_at
     assert (cost["correct"], cost["correct_unique"]) == (3, 2)
     assert cost["correct_per_1k_tokens"] == pytest.approx(3 / 1040 * 1000)
-    assert cost["correct_per_device_minute"] == pytest.approx(3 / (42 / 60))
+    assert cost["correct_per_device_minute"] == pytest.approx(3 / (51 / 60))
 
     assert set(run["by_level"]) == {"level1", "level2"}
     assert run["by_level"]["level1"]["pass_at_k"]["1"] == pytest.approx((0.5 + 0) / 2)
@@ -300,11 +304,11 @@ def test_two_runs_side_by_side_csv_and_plot(run_a, run_b, tmp_path):
     a = next(r for r in body if r["run"] == "run_a" and r["task"] == "level1/1_A")
     assert (a["strategy"], a["level"], a["samples"], a["correct"], a["incorrect"], a["compile_error"]) == \
         ("best_of_n", "level1", "4", "2", "1", "1")
-    assert (a["duplicates"], a["first_correct_sample_number"], a["best_speedup_vs_eager"]) == ("1", "0", "1.5")
+    assert (a["duplicates"], a["first_correct_sample_from_1"], a["best_speedup_vs_eager"]) == ("1", "1", "1.5")
     c = next(r for r in body if r["run"] == "run_a" and r["task"] == "level2/3_C")
     assert (c["cancelled"], c["best_speedup_vs_eager"], c["best_retimed"]) == ("1", "2.4", "True")
     b = next(r for r in body if r["run"] == "run_b" and r["task"] == "level1/2_B")
-    assert b["first_correct_sample_number"] == "" and b["best_speedup_vs_eager"] == ""
+    assert b["first_correct_sample_from_1"] == "" and b["best_speedup_vs_eager"] == ""
 
     data = plot_path.read_bytes()
     assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -313,7 +317,7 @@ def test_two_runs_side_by_side_csv_and_plot(run_a, run_b, tmp_path):
 def test_run_with_no_samples_and_a_torn_last_line(tmp_path):
     empty = write_run(tmp_path / "[bold]empty", "best_of_n", 4, [])
     console = quiet()
-    out = report([empty], console, as_json=True, csv_path=None, plot_path=tmp_path / "empty.png")
+    out = report([empty], console, as_json=False, csv_path=None, plot_path=tmp_path / "empty.png")
     assert out["runs"][0]["n"] == 0 and out["runs"][0]["pass_at_k"] == {} and out["runs"][0]["samples"] == 0
     assert len(out["runs"][0]["tasks_unsampled"]) == 3
     assert "tasks of [bold]empty" in console.file.getvalue()  # names are text, not rich markup
@@ -350,7 +354,7 @@ def test_malformed_run_folders(tmp_path, run_a):
 
     bad = write_run(tmp_path / "bad_line", "x", 2, [sample("level1/1_A", "x", 0, "correct", 2, 1.0, 1.0)])
     with open(bad / "samples.jsonl", "a") as f:
-        f.write("garbage\n" + json.dumps(sample("level1/1_A", "x", 1, "correct", 2, 1.0, 1.0)) + "\n")
+        f.write("garbage\n" + json.dumps(sample("level1/1_A", "x", 1, "correct", 2, 1.0, 1.0).to_json()) + "\n")
     assert "line 2 is not valid JSON" in error(bad)
 
     bad = write_run(tmp_path / "no_status", "x", 2, [{"task": "level1/1_A", "sample_number": 0}])
@@ -371,7 +375,7 @@ def test_malformed_run_folders(tmp_path, run_a):
 def test_runstats_without_compile_baseline_and_mixed_strategies():
     records = [sample("level3/9_X", "a", 0, "correct", 2, 1.3, None), sample("level3/9_X", "b", 1, "incorrect", 2)]
     for r in records:
-        r["compile_ms"] = None
+        r.verdict.compile_ms = None
     rs = RunStats(records, {"plan": {"n": 2}})
     out = rs.to_json()
     assert out["fast_p_at_k_vs_compile"] is None and out["expected_best_speedup_vs_compile"] is None
@@ -390,3 +394,55 @@ def test_left_out_caption_only_when_a_task_is_left_out(run_a, run_b):
     report([run_a], console, as_json=False, csv_path=None, plot_path=None)  # C stopped early at 2 of 4
     text = " ".join(console.file.getvalue().split())  # a caption wraps at its table's width
     assert "* some tasks have fewer than k samples and are left out at this k" in text
+
+
+def test_unsupported_samples_are_neither_success_nor_failure(tmp_path):
+    # A Triton kernel where Triton is missing could not be judged: it is left out of n, like a cancelled one.
+    records = [sample("level1/1_A", "s", 0, "correct", 3, 1.2, None), sample("level1/1_A", "s", 1, "unsupported", 3),
+               sample("level1/1_A", "s", 2, "incorrect", 3)]
+    run = write_run(tmp_path / "run", "s", 3, records)
+    console = quiet()
+    out = report([run], console, as_json=False, csv_path=tmp_path / "t.csv", plot_path=None)["runs"][0]
+    assert (out["n"], out["samples"], out["unsupported"]) == (2, 2, 1)
+    assert out["pass_at_k"]["1"] == pytest.approx(0.5) and out["tasks"]["level1/1_A"]["unsupported"] == 1
+    assert any("could not be judged here" in note for note in out["notes"])
+    assert "1 unsupported" in console.file.getvalue()
+    row = next(csv.DictReader((tmp_path / "t.csv").open()))
+    assert (row["samples"], row["unsupported"]) == ("2", "1")
+
+
+def kernelsearch(*args: str) -> "subprocess.CompletedProcess":
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "search.cli", *args], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent)
+
+
+FIXTURE_V1 = Path(__file__).resolve().parent / "fixtures" / "run_v1"
+
+
+def test_report_json_is_json_alone_and_a_run_from_before_sample_records_reads_back(tmp_path):
+    # tests/fixtures/run_v1 was written by the flat record format (one task, 4 samples: no code, wrong,
+    # correct, and a duplicate of the correct one; a re-timed best).
+    res = kernelsearch("report", str(FIXTURE_V1), "--json", "--csv", str(tmp_path / "t.csv"))
+    assert res.returncode == 0, res.stderr
+    run = json.loads(res.stdout)["runs"][0]  # stdout is the JSON object alone
+    assert "written to" in res.stderr
+    assert (run["n"], run["samples"], run["correct"], run["duplicates"]) == (4, 4, 2, 1)
+    task = run["tasks"]["builtin/1_LeakyReLU_Scale"]
+    assert task["status_counts"] == {"correct": 2, "incorrect": 1, "no_code": 1}
+    assert task["first_correct_sample_from_1"] == 1 and task["best_retimed"] and task["best_speedup_vs_eager"] > 0
+    assert run["cost"]["tokens"] == 400 and run["cost"]["device_s"] > 0
+    tables = kernelsearch("report", str(FIXTURE_V1))
+    assert tables.returncode == 0 and "2 ok, 1 wrong, 1 no code" in tables.stdout
+
+
+def test_ids_and_headers_are_not_cut_when_the_output_is_not_a_terminal(tmp_path):
+    long_id = "level2/2_ConvTranspose2d_BiasAdd_Clamp_Scaling_Clamp_Divide"
+    run = write_run(tmp_path / "run", "s", 2, [sample(long_id, "s", 0, "correct", 2, 1.5, 1.1),
+                                               sample(long_id, "s", 1, "compile_error", 2)])
+    res = kernelsearch("report", str(run))
+    assert res.returncode == 0, res.stderr
+    assert long_id in res.stdout and "first correct (from 1)" in res.stdout and "pass@n [95% CI]" in res.stdout
+    assert "…" not in res.stdout

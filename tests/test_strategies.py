@@ -24,7 +24,8 @@ import pytest
 from oracle.verdict import Verdict
 from search.controller import Controller, SearchPlan
 from search.generators.base import Completion, SampleRequest
-from search.store import RunStore
+from search.generators.client import GeneratorClient
+from search.store import RunStore, SampleRecord
 from strategies import STRATEGIES, make_strategy
 from strategies.agents import Agents, default_decision, parse_decision, parse_plan, task_ops
 from strategies.base import Attempt
@@ -77,7 +78,8 @@ def render(messages: list[dict[str, str]]) -> str:
 
 PLAN = '{"replace": ["aten::addmm", "aten::gelu"], "keep": [], "plan": "mm in cuBLAS, then one bias+GELU kernel"}'
 TRIAGE = '{"failure": "compile_error", "action": "fix", "reason": "blockIdx is used in a host function"}'
-BROKEN = Attempt(0, "```python\nimport torch\nclass ModelNew: pass  # v1\n```", "compile_error", COMPILE_ERROR)
+BROKEN = Attempt(0, "```python\nimport torch\nclass ModelNew: pass  # v1\n```", "compile_error", COMPILE_ERROR,
+                 source="import torch\nclass ModelNew: pass  # v1")
 
 
 SNAPSHOT_TASK = Task(  # fixed here, so a snapshot changes only when a prompt does
@@ -227,13 +229,15 @@ def test_refine_feeds_the_previous_candidate_and_its_verdict():
     first = refine.messages(task, 0, [])
     assert first == make_strategy("zero-shot", "cpp").messages(task, 0, []) and refine.shares_prompt(0)
     wrong = (CANDIDATES / "leaky_wrong_slope.py").read_text()
-    history = [Attempt(0, f"Here:\n```python\n{wrong}\n```", "incorrect", "check 1 of 6: output mismatch at [3, 7]: 0.1 vs 0.2")]
+    history = [Attempt(0, f"Here:\n```python\n{wrong}\n```", "incorrect", "check 1 of 6: output mismatch at [3, 7]: 0.1 vs 0.2",
+                       source=wrong)]
     second = refine.messages(task, 1, history)
     assert not refine.shares_prompt(1)
     assert second[:2] == first and second[2]["role"] == "assistant" and wrong.strip() in second[2]["content"]
     assert "Verdict: incorrect" in second[3]["content"] and "output mismatch at [3, 7]" in second[3]["content"]
     # Correct but slow: asked to make it faster; the chain continues from the latest attempt only.
-    history.append(Attempt(1, "```python\n# v2\nclass ModelNew: pass\n```", "correct", "correct; 2 ms, 0.50x eager", 0.5))
+    history.append(Attempt(1, "```python\n# v2\nclass ModelNew: pass\n```", "correct", "correct; 2 ms, 0.50x eager", 0.5,
+                           source="# v2\nclass ModelNew: pass"))
     third = refine.messages(task, 2, history)
     assert "# v2" in third[2]["content"] and wrong.strip() not in third[2]["content"]
     assert "not fast enough" in third[3]["content"] and "0.50x eager" in third[3]["content"]
@@ -272,31 +276,24 @@ def test_parsers_survive_garbage():
 # -- through the controller, with a stub generator and oracle (no Ray) -------------------------------------
 
 
-class _Remote:
-    def __init__(self, fn):
-        self.remote = fn
-
-
 class StubGenerator:
-    """Looks like a GeneratorActor handle; answers every sample with `answer(request, index)`."""
+    """Looks like a GeneratorClient (`sample`, `abort`); answers every sample with `answer(request, index)`."""
 
     def __init__(self, answer):
         self.answer = answer
         self.requests: list[SampleRequest] = []
         self.queues: dict[str, list] = {}
-        self.start, self.next, self.abort = _Remote(self._start), _Remote(self._next), _Remote(self._abort)
 
-    async def _start(self, request: SampleRequest) -> None:
+    async def sample(self, request: SampleRequest):
         self.requests.append(request)
         self.queues[request.request_id] = [Completion(request.request_id, i, s, self.answer(request, i), tokens=7)
                                            for i, s in enumerate(request.seeds)]
+        while self.queues.get(request.request_id):
+            await asyncio.sleep(0)
+            if self.queues.get(request.request_id):
+                yield self.queues[request.request_id].pop(0)
 
-    async def _next(self, request_id: str):
-        queue = self.queues.get(request_id) or []
-        await asyncio.sleep(0)
-        return queue.pop(0) if queue else None
-
-    async def _abort(self, request_id: str) -> None:
+    async def abort(self, request_id: str) -> None:
         self.queues.pop(request_id, None)
 
 
@@ -319,7 +316,7 @@ class StubPool:
         return PROFILE
 
 
-def run_controller(tmp_path: Path, strategy, generator, pool, plan: SearchPlan, task: Task) -> list[dict]:
+def run_controller(tmp_path: Path, strategy, generator, pool, plan: SearchPlan, task: Task) -> list[SampleRecord]:
     store = RunStore.create(tmp_path / "run", {"strategy": strategy.name, "strategy_options": {"backend": "cuda"}})
     controller = Controller(plan, strategy, generator, pool, store)
     asyncio.run(asyncio.wait_for(controller.run([task]), 60))
@@ -334,19 +331,19 @@ def test_agent_loop_ends_within_budget_on_nonsense(tmp_path):
     t0 = time.monotonic()
     rows = run_controller(tmp_path, make_strategy("agents", "cuda"), generator, pool, plan, load(GEMM))
     assert time.monotonic() - t0 < 30
-    assert len(rows) == plan.n * plan.rounds and all(r["status"] == "no_code" for r in rows)
+    assert len(rows) == plan.n * plan.rounds and all(r.status == "no_code" for r in rows)
     # Per chain and round: at most analysis + triage + the writer's sample.
     assert len(generator.requests) <= plan.n * plan.rounds * 3
     assert pool.profiles == 1
     for r in rows:
-        steps = r["agent_steps"]
+        steps = r.agent_steps
         helpers = [s for s in steps if "messages" in s]
         assert helpers and all(s["ok"] is False and s["error"] and "fallback" in s for s in helpers)
         assert all(s["completion"] is not None for s in helpers)
-        assert steps[-1]["step"] == "retrieval" and r["messages"]
-        if r["round"] > 0:
+        assert steps[-1]["step"] == "retrieval" and r.messages
+        if r.round > 0:
             assert helpers[0]["step"] == "triage" and helpers[0]["fallback"]["action"] == "restart"
-    assert {s["step"] for r in rows for s in r["agent_steps"]} == {"analysis", "triage", "retrieval"}
+    assert {s["step"] for r in rows for s in r.agent_steps} == {"analysis", "triage", "retrieval"}
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["strategy_options"] == {"backend": "cuda", "ambition": "conservative", "helper_tokens": 1024}
 
@@ -369,14 +366,14 @@ def test_refine_chain_through_the_controller(tmp_path):
     generator = StubGenerator(answer)
     rows = run_controller(tmp_path, make_strategy("refine", "cuda"), generator, StubPool(judge),
                           SearchPlan(n=2, rounds=4, seed=1, target_speedup=1.5, early_stop=False), load(LEAKY))
-    by = {(r["sample"], r["round"]): r for r in rows}
+    by = {(r.chain, r.round): r for r in rows}
     assert sorted(by) == [(c, r) for c in range(2) for r in range(3)]  # round 3 never ran: round 2 was fast enough
     for chain in range(2):
-        second = by[(chain, 1)]["messages"]
+        second = by[(chain, 1)].messages
         assert f"v_broken chain {chain}" in second[-2]["content"] and "expected ';' (v_broken)" in second[-1]["content"]
-        third = by[(chain, 2)]["messages"]
+        third = by[(chain, 2)].messages
         assert f"v_slow chain {chain}" in third[-2]["content"] and "not fast enough" in third[-1]["content"]
-        assert by[(chain, 2)]["status"] == "correct" and by[(chain, 2)]["speedup_vs_eager"] == 2.0
+        assert by[(chain, 2)].status == "correct" and by[(chain, 2)].speedup_vs_eager == 2.0
 
 
 # -- end to end: Ray, the CPU oracle, replay (slow) -----------------------------------------------------------
@@ -438,28 +435,28 @@ def test_each_strategy_end_to_end_through_replay(name, ray_engine, tmp_path):
     strategy = make_strategy(name, "cpp")
     plan = SearchPlan(n=2, rounds=2, seed=3, early_stop=False, max_tokens=256, target_speedup=1e9)
     store = RunStore.create(tmp_path / "run", {"strategy": name, "strategy_options": {"backend": "cpp"}})
-    controller = Controller(plan, strategy, generator, pool, store)
+    controller = Controller(plan, strategy, GeneratorClient([generator]), pool, store)
     loop.run_until_complete(asyncio.wait_for(controller.run([task]), 600))
     rows = store.samples()
-    assert len(rows) == 4 and {(r["round"], r["sample"]) for r in rows} == {(0, 0), (0, 1), (1, 0), (1, 1)}
-    assert all(r["strategy"] == name and r["messages"] and "completion" in r for r in rows)
-    assert {r["status"] for r in rows} <= {"correct", "incorrect", "no_code", "runtime_error"}
+    assert len(rows) == 4 and {(r.round, r.chain) for r in rows} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert all(r.strategy == name and r.messages and r.completion is not None for r in rows)
+    assert {r.status for r in rows} <= {"correct", "incorrect", "no_code", "runtime_error"}
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["strategy_options"]["backend"] == "cpp"
-    first = rows[0]["messages"][-1]["content"]
+    first = rows[0].messages[-1]["content"]
     if name == "profiling":
         assert "| aten::leaky_relu |" in first and "memory-bound" in first
     if name in ("refine", "agents"):
-        for r in (r for r in rows if r["round"] == 1):
-            earlier = next(x for x in rows if x["round"] == 0 and x["sample"] == r["sample"])
-            if earlier["status"] != "no_code" or name == "refine":
-                assert f"Verdict: {earlier['status']}" in r["messages"][-1]["content"]
+        for r in (r for r in rows if r.round == 1):
+            earlier = next(x for x in rows if x.round == 0 and x.chain == r.chain)
+            if earlier.status != "no_code" or name == "refine":
+                assert f"Verdict: {earlier.status}" in r.messages[-1]["content"]
     if name == "agents":
         assert config["strategy_options"]["ambition"] == "conservative"
-        steps = [s for r in rows for s in r["agent_steps"]]
+        steps = [s for r in rows for s in r.agent_steps]
         assert {"analysis", "retrieval"} <= {s["step"] for s in steps}
         assert all("completion" in s for s in steps if "messages" in s)
-    if any(r["status"] == "correct" for r in rows):
+    if any(r.status == "correct" for r in rows):
         assert store.best(LEAKY)["status"] == "correct"
 
 
@@ -473,8 +470,8 @@ def test_cli_run_with_a_strategy(tmp_path, ray_engine):
                           "--kernel-backend", "cpp", "--out", str(out)], capture_output=True, text=True, cwd=ROOT,
                          env=env, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    rows = [json.loads(ln) for ln in (out / "samples.jsonl").read_text().splitlines() if ln.strip()]
-    assert len(rows) == 4 and all(r["strategy"] == "refine" for r in rows)
+    rows = RunStore(out).samples()
+    assert len(rows) == 4 and all(r.strategy == "refine" for r in rows)
     config = json.loads((out / "config.json").read_text())
     assert config["strategy"] == "refine" and config["strategy_options"] == {"backend": "cpp"}
 
@@ -505,20 +502,20 @@ def test_all_four_through_vllm_tiny_model(ray_engine, tmp_path_factory):
             strategy = make_strategy(name, "cpp", **({"helper_tokens": 24} if name == "agents" else {}))
             plan = SearchPlan(n=2, rounds=2, seed=7, early_stop=False, max_tokens=48)
             store = RunStore.create(tmp / "run", {"strategy": name, "strategy_options": {"backend": "cpp"}})
-            controller = Controller(plan, strategy, generator, pool, store)
+            controller = Controller(plan, strategy, GeneratorClient([generator]), pool, store)
             loop.run_until_complete(asyncio.wait_for(controller.run([task]), 600))
             rows = store.samples()
-            assert len(rows) == 4 and all(r["status"] == "no_code" for r in rows), [r["message"] for r in rows]
-            seen = [(r["tokens"], r["finish_reason"], r["message"][:200]) for r in rows]
-            assert all(r["tokens"] > 0 and r["finish_reason"] in ("stop", "length") for r in rows), seen  # real engine output
+            assert len(rows) == 4 and all(r.status == "no_code" for r in rows), [r.message for r in rows]
+            seen = [(r.tokens_out, r.finish_reason, r.message[:200]) for r in rows]
+            assert all(r.tokens_out > 0 and r.finish_reason in ("stop", "length") for r in rows), seen  # real engine output
             if name == "agents":
-                helpers = [s for r in rows for s in r["agent_steps"] if "messages" in s]
+                helpers = [s for r in rows for s in r.agent_steps if "messages" in s]
                 assert {s["step"] for s in helpers} == {"analysis", "triage"}
                 assert all(s["ok"] is False and s["tokens"] > 0 and not s.get("parsed") for s in helpers), helpers
             elif name == "refine":
-                assert all("Verdict: no_code" in r["messages"][-1]["content"] for r in rows if r["round"] == 1)
+                assert all("Verdict: no_code" in r.messages[-1]["content"] for r in rows if r.round == 1)
             elif name == "profiling":
-                assert "| aten::leaky_relu |" in rows[0]["messages"][-1]["content"]
+                assert "| aten::leaky_relu |" in rows[0].messages[-1]["content"]
     finally:
         import ray
 

@@ -2,7 +2,8 @@
 
 A generator streams each completion as soon as it is finished (the oracle can start on sample 1 while
 sample 8 is still being written). Each sample has its own seed, so a run can be repeated sample by sample.
-Generators run inside a Ray actor (`search.generators.actor`), never in the driver.
+Generators run inside a Ray actor (`search.generators.actor`), never in the driver, which reaches them through
+`search.generators.client.GeneratorClient`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class Completion:
     prompt_tokens: int = 0
     finish_reason: str | None = None  # "stop", "length", "abort", ...
     error: str | None = None  # the generator failed for this sample (the text is then empty)
-    replica: int | None = None  # which generator replica wrote it (set by `GeneratorReplicas`)
+    replica: int | None = None  # which generator replica wrote it (set by `GeneratorClient`)
+    generation_s: float | None = None  # seconds from the request's start to this sample (set by `GeneratorClient`)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -2,7 +2,11 @@
 
 How a large-n study is re-evaluated on new hardware or a new oracle without generating again. Sample i
 of a task draws that task's completions without replacement, in an order fixed by the seed, wrapping
-around when n exceeds them.
+around when n exceeds them. A line may carry the tokens it cost (`tokens_out` and `tokens_in`, as a run's
+records do, or `tokens` and `prompt_tokens`); they are reported again as the sample's cost.
+
+`read_replay` is the file's one reader: the command line calls it before it starts anything (to report bad
+lines and to learn which tasks the file names), and the generator in its actor reads the file with it again.
 """
 
 from __future__ import annotations
@@ -10,12 +14,63 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from search.generators.base import Completion, Generator, GeneratorError, SampleRequest
+from search.store import read_jsonl
+
+
+@dataclass
+class ReplayFile:
+    """The completions of a replay file by task, in file order, and the lines that were skipped."""
+
+    path: Path
+    by_task: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # one line each: which line and why
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(self.by_task)
+
+
+def read_replay(path: str | Path) -> ReplayFile:
+    """Every usable line of a replay file; a line that is not a JSON object with `task` and `completion` text
+    is skipped and named in `skipped`. GeneratorError when the file is missing or has no usable line."""
+    found = ReplayFile(Path(path))
+    if not found.path.is_file():
+        raise GeneratorError(f"replay file {found.path} does not exist")
+    try:
+        lines = read_jsonl(found.path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GeneratorError(f"cannot read replay file {found.path} ({exc.__class__.__name__})") from None
+    rows, bad = list(lines.rows), list(lines.bad)
+    if lines.tail is not None:  # a hand-written file may end without a newline; a run's may end in a torn line
+        number, text = lines.tail
+        try:
+            rows.append((number, json.loads(text)))
+        except json.JSONDecodeError:
+            bad.append((number, "is cut off (no newline at its end, and not JSON)"))
+    for number, row in rows:
+        if isinstance(row, dict) and isinstance(row.get("task"), str) and isinstance(row.get("completion"), str):
+            found.by_task.setdefault(row["task"], []).append(row)
+        else:
+            bad.append((number, "has no `task` and `completion` text"))
+    found.skipped = [f"line {number} {why}, skipped" for number, why in sorted(bad)]
+    if not found.by_task:
+        raise GeneratorError(f"replay file {found.path} has no lines with `task` and `completion`")
+    return found
+
+
+def _count(row: dict[str, Any], *keys: str) -> int:
+    for key in keys:
+        value = row.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return 0
 
 
 class ReplayGenerator(Generator):
@@ -26,20 +81,7 @@ class ReplayGenerator(Generator):
         self._running = asyncio.Event()
         self._running.set()
         self.emitted: list[float] = []  # when each completion was handed out (time.time())
-        self.by_task: dict[str, list[dict[str, Any]]] = {}
-        if not self.path.is_file():
-            raise GeneratorError(f"replay file {self.path} does not exist")
-        for n, line in enumerate(self.path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line of an interrupted run
-            if isinstance(row, dict) and isinstance(row.get("task"), str) and isinstance(row.get("completion"), str):
-                self.by_task.setdefault(row["task"], []).append(row)
-        if not self.by_task:
-            raise GeneratorError(f"replay file {self.path} has no lines with `task` and `completion`")
+        self.by_task: dict[str, list[dict[str, Any]]] = read_replay(self.path).by_task
         self._aborted: set[str] = set()
 
     def order(self, task_id: str) -> list[int]:
@@ -64,7 +106,8 @@ class ReplayGenerator(Generator):
                 yield Completion(request.request_id, index, seed, "", error=f"no recorded completions for {request.task_id}")
                 continue
             row = rows[order[number % len(rows)]]
-            yield Completion(request.request_id, index, seed, row["completion"], tokens=int(row.get("tokens") or 0),
+            yield Completion(request.request_id, index, seed, row["completion"],
+                             tokens=_count(row, "tokens_out", "tokens"), prompt_tokens=_count(row, "tokens_in", "prompt_tokens"),
                              finish_reason="replay")
 
     async def abort(self, request_id: str) -> None:
