@@ -1,4 +1,4 @@
-"""The physical floor of a task (oracle spec rule 14): no kernel can be faster than moving the bytes its
+"""The physical floor of a task (docs/oracle.md, Timing): no kernel can be faster than moving the bytes its
 inputs, parameters and outputs must move at the memory's bandwidth, or than doing the reference's FLOPs
 at the device's peak. A time below the floor is impossible, so a candidate that reports one is cheating
 the clock (or skipping work the check did not see) and is rejected.

@@ -170,6 +170,8 @@ def eval_command(
     """Build, verify and time one candidate kernel for one task, and print the verdict."""
     from oracle import Oracle, OracleConfig
     from oracle.candidate import BACKENDS
+    from oracle.extract import candidate_from_completion
+    from oracle.verdict import Verdict
 
     if backend != "auto" and backend not in BACKENDS:
         fail(f"--backend must be auto or one of {', '.join(BACKENDS)}, not '{backend}'")
@@ -183,9 +185,13 @@ def eval_command(
     task = next((t for t in result.tasks if t.id == task_id), None)
     if task is None:
         fail(f"task {task_id} is not in {source} (see `kernelsearch tasks --source {source}`)")
-    oracle = Oracle(OracleConfig(device=dev, allow_torch=allow_torch))
-    with err_console.status(f"evaluating {candidate_file.name} on {task_id} ({dev})...", spinner="dots"):
-        verdict = oracle.evaluate(task, text, backend)
+    found = candidate_from_completion(task, text, backend, dev)  # the way a search takes, too
+    if isinstance(found, Verdict):
+        verdict = found
+    else:
+        oracle = Oracle(OracleConfig(device=dev, allow_torch=allow_torch))
+        with err_console.status(escape(f"evaluating {candidate_file.name} on {task_id} ({dev})..."), spinner="dots"):
+            verdict = oracle.check_and_time(task, found, oracle.build(found))
     if as_json:
         print(json.dumps(verdict.to_json()))
         return

@@ -124,7 +124,7 @@ def run_demo(out: Path, console: Console, device: str = "cpu", address: str | No
         f"fast and a slow correct {'CUDA' if backend == 'cuda' else 'C++'} kernel, a wrong one, one that does not "
         f"compile, one that crashes and one that cheats. They go through the real engine on this machine "
         f"({device}): Ray, the oracle (build, check against PyTorch, time), the run store and the live report.",
-        border_style="yellow"), highlight=False)
+        border_style="yellow", width=min(console.width, 110)), highlight=False)  # prose wraps, in a log too
 
     out.mkdir(parents=True, exist_ok=True)
     replay = out / "demo_completions.jsonl"

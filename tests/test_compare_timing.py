@@ -1,4 +1,4 @@
-"""Output comparison (spec rule 9) and the timing protocol, without any worker."""
+"""Output comparison (docs/oracle.md, Correctness) and the timing protocol, without any worker."""
 
 from __future__ import annotations
 

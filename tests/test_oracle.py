@@ -1,4 +1,4 @@
-"""The oracle on the CPU: every verdict status from a real candidate, the spec rules a CPU can show,
+"""The oracle on the CPU: every verdict status from a real candidate, the rules of docs/oracle.md that a CPU can show,
 the build cache, and the caller surviving candidates that crash, hang or exit."""
 
 from __future__ import annotations

@@ -79,6 +79,13 @@ def test_the_reader_reads_the_flat_records_of_before(tmp_path):
     assert records[0].candidate is None and records[0].message.startswith("no Python code block")
 
 
+def test_a_resumed_old_run_mixes_both_formats_in_one_file(tmp_path):
+    lines = (FIXTURE_V1 / "samples.jsonl").read_text()
+    (tmp_path / "samples.jsonl").write_text(lines + json.dumps(judged_record().to_json()) + "\n")
+    records = read_samples(tmp_path / "samples.jsonl")
+    assert len(records) == 5 and records[-1] == judged_record() and records[0].status == "no_code"
+
+
 def test_one_policy_for_a_torn_last_line_and_bad_lines_named(tmp_path):
     store = RunStore.create(tmp_path / "run", {})
     store.append(judged_record())

@@ -1,4 +1,4 @@
-"""The physical floor (oracle spec rule 14): arithmetic and the trusted measurement, on the CPU."""
+"""The physical floor (docs/oracle.md, Timing): arithmetic and the trusted measurement, on the CPU."""
 
 from __future__ import annotations
 
