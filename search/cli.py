@@ -115,11 +115,11 @@ def select_tasks(source: str, level: int | None, ids: str | None, tasks: str | N
     except SourceError as exc:
         fail(str(exc))
     for error in result.errors:
-        err_console.print(f"[yellow]skipped[/] {error.id}: {error.reason}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]skipped[/] {escape(error.id)}: {escape(error.reason)}", highlight=False, soft_wrap=True)
     if selection.task_ids and warn_unknown:
         unknown = sorted(selection.task_ids - {t.id for t in result.tasks} - {e.id for e in result.errors})
         for task_id in unknown:
-            err_console.print(f"[yellow]unknown task[/] {task_id} in {source}", highlight=False)
+            err_console.print(f"[yellow]unknown task[/] {escape(task_id)} in {escape(source)}", highlight=False)
     return result
 
 

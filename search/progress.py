@@ -29,6 +29,7 @@ from rich.text import Text
 from oracle.verdict import SAMPLE_STATUSES, SHORT_NAMES, STYLES
 from search.stats import RunStats, TaskStats, curve, fast_p_at_k, level_of, powers_of_two
 from search.store import SampleRecord
+from search.terminal import add_id_column
 from search.words import plural
 from tasks.model import Task
 
@@ -266,15 +267,11 @@ class RunProgress:
         caption = None
         what = "the re-timed best kernel's speedup" if best else "the best correct sample's speedup"
         table = Table(title=f"tasks (x eager, x compile: {what})", title_justify="left", expand=False)
-        for col, justify in (("task", "left"), ("status", "left"), ("samples", "right"), ("correct", "right"),
-                             ("1st ok", "right"), ("x eager", "right"), ("x compile", "right"),
-                             ("verdicts", "left")):
-            # ids fold at 40 columns (and verdicts wrap) rather than being cut; the figures never wrap
-            # as wide as the longest id up to 40, leaving the figures (about 70 columns) and 10 for verdicts
-            room = max(12, self.console.size.width - 80)
-            widest = min(40, room, max((len(tid) for tid in self.tasks), default=4))
-            table.add_column(col, justify=justify, no_wrap=col not in ("task", "verdicts"),
-                             min_width={"verdicts": 10, "task": widest}.get(col), max_width=40 if col == "task" else None,
+        # the figures take about 70 columns; verdicts wrap, ids fold beyond 40 columns (never cut)
+        add_id_column(table, "task", list(self.tasks), room=self.console.size.width - 80, max_width=40)
+        for col, justify in (("status", "left"), ("samples", "right"), ("correct", "right"), ("1st ok", "right"),
+                             ("x eager", "right"), ("x compile", "right"), ("verdicts", "left")):
+            table.add_column(col, justify=justify, no_wrap=col != "verdicts", min_width=10 if col == "verdicts" else None,
                              overflow="fold")
         with self._lock:
             order = list(self.tasks)

@@ -21,6 +21,7 @@ from rich.table import Table
 from oracle.verdict import SAMPLE_STATUSES, SHORT_NAMES
 from search.stats import RunStats, TaskStats, powers_of_two
 from search.store import RunStore, SampleRecord, StoreError, read_samples
+from search.terminal import add_id_column
 
 STATUS_COLUMNS = [s for s in SAMPLE_STATUSES if s != "correct"]  # "correct" has a column of its own
 CSV_COLUMNS = ["run", "strategy", "task", "level", "samples", "correct", *STATUS_COLUMNS, "duplicates",
@@ -180,19 +181,18 @@ def _level_table(labels: list[str], runs: list[RunStats]) -> Table | None:
     return table
 
 
-def _task_table(label: str, rs: RunStats) -> Table:
+def _task_table(label: str, rs: RunStats, width: int = 200) -> Table:
     table = Table(title=f"tasks of {escape(label)}",
-                  caption="best: the re-timed best/ kernel; (sample): not re-timed, the best sample's own timing")
-    for col, justify in (("task", "left"), ("samples", "right"), ("statuses", "left"),
-                         ("first correct (from 1)", "right"), ("best x eager", "right"), ("best x compile", "right")):
-        if col == "task":  # ids are pasted into --tasks: folded on a narrow terminal, never cut
-            table.add_column(col, justify=justify, overflow="fold")
-        else:
-            table.add_column(col, justify=justify)
+                  caption="#1: a task's first sample; best: the re-timed best/ kernel; (sample): not re-timed, "
+                          "the best sample's own timing")
+    add_id_column(table, "task", rs.tasks, room=width - 75)  # the other columns need about 75
+    for col, justify in (("samples", "right"), ("statuses", "left"),
+                         ("first correct", "right"), ("best x eager", "right"), ("best x compile", "right")):
+        table.add_column(col, justify=justify)
     for t in rs.tasks.values():
         retimed = "" if t.best_retimed or t.best_speedup_vs_eager is None else " (sample)"
         table.add_row(escape(t.task), str(t.samples), escape(_status_text(t)),
-                      "-" if t.first_correct_sample_from_1 is None else str(t.first_correct_sample_from_1),
+                      "-" if t.first_correct_sample_from_1 is None else f"#{t.first_correct_sample_from_1}",
                       _f(t.best_speedup_vs_eager, 2) + retimed, _f(t.best_speedup_vs_compile, 2))
     return table
 
@@ -330,7 +330,7 @@ def _print_tables(console: Console, labels: list[str], runs: list[RunStats], res
     if level_table is not None:
         console.print(level_table)
     for label, rs in zip(labels, runs):
-        console.print(_task_table(label, rs))
+        console.print(_task_table(label, rs, console.width))
     for run in result["runs"]:
         for note in run["notes"]:
             console.print(f"[dim]note: {escape(note)}[/]", highlight=False)
