@@ -19,7 +19,7 @@ from rich.table import Table
 
 from search import options as opt
 from search.devices import resolve_device as _resolve_device
-from search.terminal import make_console
+from search.terminal import add_id_column, make_console
 from search.words import plural
 from tasks import LoadResult, Selection, SelectionError, SourceError, load_tasks
 from tasks.fitting import default_budget_mb
@@ -139,12 +139,10 @@ def tasks_command(
         print(json.dumps([t.summary() for t in result.tasks]))
         return
     table = Table(title=escape(f"{plural(len(result.tasks), 'task')} from {source}"))
-    longest = max((len(t.id) for t in result.tasks), default=2)
-    for col in ("id", "level", "problem", "input MB", "fitted from"):
-        if col == "id":  # an id is pasted into --tasks: never cut, on a narrow terminal folded rather than cut
-            table.add_column(col, no_wrap=True, overflow="fold", min_width=min(longest, 60))
-        else:
-            table.add_column(col, justify="right" if col in ("level", "problem", "input MB") else "left")
+    # an id is pasted into --tasks: whole on one line where it fits beside the other columns, else folded
+    add_id_column(table, "id", [t.id for t in result.tasks], room=console.width - 45)
+    for col in ("level", "problem", "input MB", "fitted from"):
+        table.add_column(col, justify="right" if col in ("level", "problem", "input MB") else "left")
     for t in result.tasks:
         fitted = ", ".join(f"{k} {v}->{t.sizes[k]}" for k, v in t.original_sizes.items())
         table.add_row(escape(t.id), str(t.level), str(t.problem_id), f"{t.input_mb:.1f}", fitted or "-")
