@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-STATUSES = ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "no_code")
+# `unsupported`: this oracle could not judge the candidate (a CUDA kernel on a CPU oracle, Triton not installed):
+# the machine's limit, not the model's failure.
+STATUSES = ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "no_code", "unsupported")
 
 
 @dataclass
@@ -30,6 +32,9 @@ class Verdict:
     sizes: dict[str, Any] = field(default_factory=dict)  # the task's fitted size constants
     sol_ms: float | None = None  # the physical floor: bytes over bandwidth, FLOPs over peak (rule 14)
     sol_fraction: float | None = None  # sol_ms / time_ms: how close to the floor (1.0 would be at it)
+    # Device seconds this verdict cost, by phase: reference (the task's reference outputs, when this candidate
+    # was the first of its task), baselines (eager timed), checks, timing.
+    device_s: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -281,6 +281,8 @@ class Controller:
             "build_s": 0.0 if duplicate_of is not None else v.get("build_s"),
             "verify_s": None if duplicate_of is not None else v.get("verify_s"),
             "time_s": None if duplicate_of is not None else v.get("time_s"),
+            "device_s": None if duplicate_of is not None else v.get("device_s"),
+            "timing": v.get("timing") or {},
             "flags": v.get("flags", []), "sizes": dict(state.task.sizes),
             "tokens": completion.tokens, "prompt_tokens": completion.prompt_tokens, "finish_reason": completion.finish_reason,
             "completion": completion.text, "messages": messages, "agent_steps": list(agent_steps or []),
