@@ -265,7 +265,7 @@ def budget_report(labels: Sequence[str], runs: Sequence[RunStats], unit: str, co
         plot(Path(plot_path), budgets, built, unit)
         console.print(f"plot written to {escape(str(plot_path))}", highlight=False)
     return _clean({
-        "by": unit, "unit": UNIT_TEXT[unit], "budgets": budgets,
+        "by": unit, "unit": UNIT_TEXT[unit], "budgets": budgets.astype(int) if unit == "samples" else budgets,
         "runs": [{"label": r.label, "tasks": len(r.tasks), "chains": sum(len(t.chains) for t in r.tasks),
                   "missing_costs": r.missing_costs, "all": _summary_json(r.summary),
                   "by_level": {lv: _summary_json(s) for lv, s in r.by_level.items()}} for r in built],
