@@ -31,6 +31,7 @@ UNIT_TEXT = {"samples": "samples", "tokens": "generated tokens", "gpu-seconds": 
 STEPS_PER_DOUBLING = 16  # grid points per doubling of the budget for tokens and seconds (about 4.4% apart)
 REPS = 2000  # random chain orders per task where chain costs differ
 EPS = 1e-12
+ON_DEVICE = ("correct", "incorrect", "runtime_error", "timeout", "rejected")  # verdicts reached after a build
 
 
 class BudgetError(ValueError):
@@ -88,6 +89,7 @@ class BudgetRecords:
 
     samples: list[BudgetSample] = field(default_factory=list)
     shared: list[SharedStep] = field(default_factory=list)
+    unclocked: int = 0  # samples that ran on the oracle's device but came back without its seconds
 
 
 @dataclass(frozen=True)
@@ -306,38 +308,45 @@ def summarize_curves(curves: Sequence[TaskCurve], budgets: np.ndarray, ps: Seque
 
 @dataclass(frozen=True)
 class Overtake:
-    """Where `other` gets ahead of `leader` (ahead at the smallest budget where they differ), compared on
-    the tasks both ran, at the budgets where every one of those tasks is included in both."""
+    """Where `other` gets ahead of `leader` (ahead at the smallest budget where they differ) for good,
+    compared on the tasks both ran, at the budgets where every one of those tasks is included in both."""
 
     metric: str
     leader: str | None  # None: the two are equal at every budget compared
     other: str | None
-    budget: float | None  # the first budget of the grid at which `other` is strictly ahead; None: none
+    budget: float | None  # the first budget from which `other` stays ahead; None: it does not within the range
     low: float | None  # percentile interval of that budget over task resamples; None for high: beyond the range
     high: float | None
-    crossing_share: float  # share of task resamples in which `other` gets ahead within the range
+    crossing_share: float  # share of task resamples in which `other` gets ahead for good within the range
+    lead_changes: int  # how often the lead changes hands within the range (ties skipped)
     tasks: int
     max_budget: float | None
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("metric", "leader", "other", "budget", "low", "high", "crossing_share",
-                                              "tasks", "max_budget")}
+                                              "lead_changes", "tasks", "max_budget")}
 
 
-def _first_ahead(diff: np.ndarray) -> np.ndarray:
-    """Per row of (other - leader), the index of the first budget where other is strictly ahead, or -1."""
-    ahead = diff > EPS
-    first = np.argmax(ahead, axis=-1)
-    return np.where(ahead.any(axis=-1), first, -1)
+def _ahead_for_good(diff: np.ndarray) -> np.ndarray:
+    """Per row of (other - leader) over the budgets, the first index at which other is strictly ahead and
+    not behind at any larger budget, or -1."""
+    never_behind_after = np.flip(np.logical_and.accumulate(np.flip(diff >= -EPS, axis=-1), axis=-1), axis=-1)
+    good = (diff > EPS) & never_behind_after
+    return np.where(good.any(axis=-1), np.argmax(good, axis=-1), -1)
+
+
+def _lead_changes(diff: np.ndarray) -> int:
+    signs = np.sign(diff[np.abs(diff) > EPS])
+    return int(np.count_nonzero(signs[1:] != signs[:-1]))
 
 
 def overtake(a: Sequence[TaskCurve], b: Sequence[TaskCurve], labels: tuple[str, str], budgets: np.ndarray,
              metric: str = "pass", reps: int = REPS, seed: int = 0, alpha: float = 0.05) -> Overtake:
-    """The budget at which one run overtakes the other on `metric`, with a paired bootstrap interval (the
-    same task resamples for both runs, since they ran the same tasks)."""
+    """The budget from which one run stays ahead of the other on `metric`, with a paired bootstrap interval
+    (the same task resamples for both runs, since they ran the same tasks)."""
     by_a, by_b = {c.task: c for c in a}, {c.task: c for c in b}
     common = [t for t in by_a if t in by_b]
-    none = Overtake(metric, None, None, None, None, None, 0.0, len(common), None)
+    none = Overtake(metric, None, None, None, None, None, 0.0, 0, len(common), None)
     if not common or len(budgets) == 0:
         return none
     ca, cb = [by_a[t] for t in common], [by_b[t] for t in common]
@@ -351,20 +360,20 @@ def overtake(a: Sequence[TaskCurve], b: Sequence[TaskCurve], labels: tuple[str, 
     vb = np.array([c.values[metric][:stop] for c in cb]).mean(axis=0)
     differ = np.flatnonzero(np.abs(va - vb) > EPS)
     if differ.size == 0:
-        return Overtake(metric, None, None, None, None, None, 0.0, len(common), float(grid[-1]))
+        return Overtake(metric, None, None, None, None, None, 0.0, 0, len(common), float(grid[-1]))
     a_leads = va[differ[0]] > vb[differ[0]]
     leader, other = (labels[0], labels[1]) if a_leads else (labels[1], labels[0])
     sign = -1.0 if a_leads else 1.0  # other - leader = sign * (a - b)
-    point = _first_ahead(sign * (va - vb))
+    point = _ahead_for_good(sign * (va - vb))
     w = _weights(len(common), reps, seed)
     ra = _resampled_means(ca, metric, w)[:, :stop]
     rb = _resampled_means(cb, metric, w)[:, :stop]
-    firsts = _first_ahead(sign * (ra - rb))
+    firsts = _ahead_for_good(sign * (ra - rb))
     crossing = np.where(firsts >= 0, grid[np.maximum(firsts, 0)], np.inf)
     lo, hi = np.quantile(crossing, [alpha / 2, 1 - alpha / 2], method="inverted_cdf")
     return Overtake(metric, leader, other, float(grid[point]) if point >= 0 else None,
                     float(lo) if np.isfinite(lo) else None, float(hi) if np.isfinite(hi) else None,
-                    float(np.mean(firsts >= 0)), len(common), float(grid[-1]))
+                    float(np.mean(firsts >= 0)), _lead_changes(va - vb), len(common), float(grid[-1]))
 
 
 # ---------------------------------------------------------------- the adapter from a run folder's records
@@ -437,6 +446,9 @@ def budget_records(records: Sequence[Mapping[str, Any]], config: Mapping[str, An
         if chain is None:
             chain = _int(r.get("sample")) if chained else _int(r.get("sample_number"))
         correct = r.get("status") == "correct"
+        if (r.get("status") in ON_DEVICE and r.get("duplicate_of") is None and _num(r.get("verify_s")) is None
+                and _num(r.get("time_s")) is None):
+            out.unclocked += 1
         out.samples.append(BudgetSample(
             task=task, level=level_of(task, levels.get(task)), chain=chain if chain is not None else -1 - len(out.samples),
             round=_int(r.get("round")) or 0, correct=correct,

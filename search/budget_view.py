@@ -71,7 +71,8 @@ def build(labels: Sequence[str], runs: Sequence[RunStats], unit: str,
     notes: list[str] = []
     usable: list[tuple[str, list[TaskChains], int]] = []
     for label, rs in zip(labels, runs):
-        tasks, missing = chains_by_task(budget_records(rs.records, rs.config), unit)
+        records = budget_records(rs.records, rs.config)
+        tasks, missing = chains_by_task(records, unit)
         judged = sum(ch.rounds for t in tasks for ch in t.chains)
         if unit == "gpu-seconds" and judged and missing == judged:
             notes.append(f"{label}: no generation seconds recorded (a run from before they were), so it is left out "
@@ -80,6 +81,9 @@ def build(labels: Sequence[str], runs: Sequence[RunStats], unit: str,
         if missing:
             notes.append(f"{label}: {missing} samples have no generation seconds (their generation failed) and "
                          f"count only their oracle seconds")
+        if unit == "gpu-seconds" and records.unclocked:
+            notes.append(f"{label}: {records.unclocked} samples that failed on the oracle came back without its "
+                         f"device seconds and count their generation seconds only")
         if not tasks:
             notes.append(f"{label}: no judged sample, so nothing on the budget axis")
             continue
@@ -161,24 +165,28 @@ def comparisons(budgets: np.ndarray, runs: Sequence[RunBudget]) -> list[dict[str
 
 def compare_table(rows: list[dict[str, Any]], unit: str) -> Table:
     table = Table(title=escape(f"overtaking · by {unit}"),
-                  caption="on the tasks both ran, up to the budget at which all of them are in both runs; "
-                          "interval: paired bootstrap over tasks")
-    for col in ("runs", "metric", "ahead first", "overtaken by", "at budget", "95% CI", "resamples", "tasks", "compared up to"):
-        table.add_column(col, justify="right" if col in ("at budget", "95% CI", "resamples", "tasks", "compared up to") else "left")
+                  caption="on the tasks both ran, up to the budget at which all of them are in both runs; for good: "
+                          "ahead there and not behind at any larger budget; interval and resamples: paired bootstrap "
+                          "over tasks")
+    cols = ("ahead first", "overtaken by", "metric", "for good from", "95% CI", "resamples", "lead changes", "tasks",
+            "compared up to")
+    for col in cols:
+        table.add_column(col, justify="left" if col in cols[:3] else "right")
     for r in rows:
-        pair = " / ".join(r["runs"])
         upto = format_budget(r["max_budget"], unit) if r["max_budget"] is not None else "-"
+        a, b = (escape(x) for x in r["runs"])
         if r["max_budget"] is None:
-            table.add_row(escape(pair), r["metric"], "-", "-", "no common budget", "", "", str(r["tasks"]), upto)
+            table.add_row(f"{a} / {b}", "-", r["metric"], "no common budget", "", "", "", str(r["tasks"]), upto)
             continue
         if r["leader"] is None:
-            table.add_row(escape(pair), r["metric"], "tied", "-", "-", "", "", str(r["tasks"]), upto)
+            table.add_row(f"{a} = {b} (tied)", "-", r["metric"], "-", "", "", "0", str(r["tasks"]), upto)
             continue
         at = format_budget(r["budget"], unit) if r["budget"] is not None else "not within range"
         low = format_budget(r["low"], unit) if r["low"] is not None else "beyond"
         high = format_budget(r["high"], unit) if r["high"] is not None else "beyond"
-        table.add_row(escape(pair), r["metric"], escape(r["leader"]), escape(r["other"]), at, f"[{low}, {high}]",
-                      f"{r['crossing_share']:.0%}", str(r["tasks"]), upto)
+        interval = f"[{low}, {high}]" if r["crossing_share"] > 0 else ""
+        table.add_row(escape(r["leader"]), escape(r["other"]), r["metric"], at, interval, f"{r['crossing_share']:.0%}",
+                      str(r["lead_changes"]), str(r["tasks"]), upto)
     return table
 
 

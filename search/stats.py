@@ -41,9 +41,11 @@ At equal budget (`kernelsearch report --by samples|tokens|gpu-seconds`, computed
   most 0.5/sqrt(2000) = 0.011 per task, less in a mean over tasks).
 - `--compare`: on the tasks two runs share and the budgets at which all of them are kept in both, the
   run ahead at the smallest budget where the two differ is the leader; the other overtakes it at the
-  first budget of the grid at which its mean is strictly higher. The interval is the percentile interval
-  of that budget over paired task resamples (a resample in which it never gets ahead counts as beyond the
-  range), with the share of resamples in which it does.
+  first budget of the grid from which it stays ahead (its mean strictly higher there and not lower at any
+  larger budget compared), so a crossing back and forth on noise at small budgets is not an overtaking;
+  how often the lead changes hands is reported beside it. The interval is the percentile interval of that
+  budget over paired task resamples (a resample in which it does not get ahead for good counts as beyond
+  the range), with the share of resamples in which it does.
 """
 
 from __future__ import annotations

@@ -389,6 +389,11 @@ def test_overtake_interval_and_no_crossing():
     assert 0.5 < o.crossing_share <= 1.0
     # the same pair the other way round names the same leader
     assert overtake(b, a, ("b", "a"), budgets, "pass").budget == 4.0
+    assert o.lead_changes == 1
+    # ahead at 2 on noise, behind again at 4, ahead for good from 8: the overtaking is at 8
+    back = overtake(curves_for({"t1": [0.1, 0.6, 0.4, 0.9, 1.0]}, budgets), curves_for({"t1": [0.5] * 5}, budgets),
+                    ("a", "b"), budgets)
+    assert (back.leader, back.budget, back.lead_changes) == ("b", 8.0, 3)
     # never overtaken within the range
     never = overtake(curves_for({"t1": [0.0] * 5}, budgets), curves_for({"t1": [0.5] * 5}, budgets), ("a", "b"), budgets)
     assert never.leader == "b" and never.budget is None and never.crossing_share == 0.0
@@ -448,6 +453,10 @@ def test_budget_records_from_run_records():
     assert [s.chain for s in zs.samples] == [0, 1, 2, 0]
     # a recorded chain field wins over both
     assert [s.chain for s in budget_records([{**rows[0], "chain": 5}], config).samples] == [5]
+    # the oracle's seconds are counted where it gave them; a failed check that came back without them is counted
+    assert out.unclocked == 0
+    failed = record("builtin/1_X", 0, 0, "incorrect", 2, verify_s=None)
+    assert budget_records([failed, {**failed, "status": "compile_error"}], config).unclocked == 1
 
 
 def test_runs_without_generation_seconds_are_left_out_of_gpu_seconds(tmp_path, zero_shot_run):
