@@ -263,13 +263,15 @@ def report_command(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run folders (several side by side, e.g. one per strategy).")],
     as_json: opt.Json = False,
     csv: Annotated[Optional[Path], typer.Option("--csv", help="Write per-task rows of every run to this CSV file.")] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw pass@k and fast_1.0@k against k to this PNG.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw pass@k and fast_1.0@k against k to this PNG (with --by: the budget view).")] = None,
+    by: Annotated[Optional[str], typer.Option("--by", help="Also compare runs at equal budget per task: samples, tokens or gpu-seconds.")] = None,
+    compare: Annotated[bool, typer.Option("--compare", help="For each pair of runs, the budget at which one overtakes the other (default --by samples).")] = False,
 ) -> None:
     """Correctness as n grows (pass@k, fast_p@k, expected best speedup) and per-task results, from disk."""
     from search.report import ReportError, report
 
     try:
-        report(run_dirs, console, as_json, csv, plot)
+        report(run_dirs, console, as_json, csv, plot, by=by, compare=compare)
     except ReportError as exc:
         fail(str(exc))
 

@@ -91,7 +91,8 @@ class StrategyTools:
         if completion is None:
             entry["error"] = "aborted"
             return ""
-        entry.update(completion=completion.text, tokens=completion.tokens, error=completion.error)
+        entry.update(completion=completion.text, tokens=completion.tokens, generation_s=completion.generation_s,
+                     error=completion.error)
         return completion.text
 
 
@@ -106,6 +107,8 @@ class Controller:
         self.on_record = on_record or (lambda record: None)
         self.recorded = {(r["task"], r["round"], r["sample"]): r for r in store.samples()}
         self.oracle_slots = asyncio.Semaphore(pool.capacity)  # no more in flight than the oracles can work on
+        # rounds of one chain build on each other; otherwise every sample starts afresh and is a chain of its own
+        self.chained = not (strategy.shares_prompt(1) or plan.rounds == 1)
 
     # ------------------------------------------------------------ whole run
 
@@ -127,7 +130,7 @@ class Controller:
             except Exception as exc:  # noqa: BLE001 - the strategy goes on without what it wanted to prepare
                 tools.steps.append({"step": "prepare", "error": f"{type(exc).__name__}: {exc}"[:500]})
             state.prepare_steps = tools.steps
-        if self.strategy.shares_prompt(1) or self.plan.rounds == 1:
+        if not self.chained:
             await self._independent_samples(state)
         else:
             await asyncio.gather(*(self._chain(state, i) for i in range(self.plan.n)))
@@ -272,7 +275,8 @@ class Controller:
         status = v["status"]
         record = {
             "task": state.task.id, "strategy": self.strategy.name, "round": rnd, "sample": chain,
-            "sample_number": rnd * self.plan.n + chain, "seed": seed,
+            "sample_number": rnd * self.plan.n + chain, "chain": chain if self.chained else rnd * self.plan.n + chain,
+            "seed": seed,
             "status": "cancelled" if cancelled else status,
             "message": "the task had stopped before this sample was judged" if cancelled else v.get("message", ""),
             "hash": v.get("hash"), "backend": v.get("backend"), "duplicate_of": duplicate_of,
@@ -285,6 +289,7 @@ class Controller:
             "timing": v.get("timing") or {},
             "flags": v.get("flags", []), "sizes": dict(state.task.sizes),
             "tokens": completion.tokens, "prompt_tokens": completion.prompt_tokens, "finish_reason": completion.finish_reason,
+            "generation_s": completion.generation_s,
             "completion": completion.text, "messages": messages, "agent_steps": list(agent_steps or []),
             "recorded_at": time.time(),
         }

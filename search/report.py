@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from search.budget import UNITS as BUDGET_UNITS
+from search.budget_view import budget_report
 from search.stats import RunStats, TaskStats, powers_of_two
 from search.store import RunStore
 
@@ -296,11 +298,15 @@ def _write_csv(path: Path, labels: list[str], runs: list[RunStats]) -> None:
 
 
 def report(run_dirs: list[Path], console: Console, as_json: bool, csv_path: Path | None,
-           plot_path: Path | None) -> dict[str, Any]:
+           plot_path: Path | None, by: str | None = None, compare: bool = False) -> dict[str, Any]:
     """Render the runs as tables on `console`, write the CSV and the plot if asked, and return the JSON
-    object (printed as the last line, on one line, when `as_json`)."""
+    object (printed as the last line, on one line, when `as_json`). With `by` (a budget unit; `compare`
+    implies samples) the budget view follows (`search.budget_view`), and the plot is its figure."""
     if not run_dirs:
         raise ReportError("no run folder given")
+    by = "samples" if compare and by is None else by
+    if by is not None and by not in BUDGET_UNITS:
+        raise ReportError(f"--by must be one of {', '.join(BUDGET_UNITS)}, not '{by}'")
     run_dirs = [Path(p) for p in run_dirs]
     runs = [run_stats(p) for p in run_dirs]
     labels = _labels(run_dirs)
@@ -322,6 +328,9 @@ def report(run_dirs: list[Path], console: Console, as_json: bool, csv_path: Path
             console.print(f"[dim]note: {escape(note)}[/]", highlight=False)
 
     try:
+        if by is not None:
+            result["budget"] = budget_report(labels, runs, by, console, compare, plot_path)
+            plot_path = None  # drawn: the budget view's figure
         if csv_path is not None:
             _write_csv(Path(csv_path), labels, runs)
             console.print(f"per-task rows written to {escape(str(csv_path))}", highlight=False)

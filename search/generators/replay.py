@@ -1,7 +1,8 @@
 """Replay: completions recorded earlier (a run's samples.jsonl, or any JSONL with `task` and `completion`).
 
-How a large-n study is re-evaluated on new hardware or a new oracle without generating again. Sample i
-of a task draws that task's completions without replacement, in an order fixed by the seed, wrapping
+How a large-n study is re-evaluated on new hardware or a new oracle without generating again. A recorded
+completion keeps its cost: `tokens`, `prompt_tokens` and `generation_s` are passed on when the line has them.
+Sample i of a task draws that task's completions without replacement, in an order fixed by the seed, wrapping
 around when n exceeds them.
 """
 
@@ -16,6 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from search.generators.base import Completion, Generator, GeneratorError, SampleRequest
+
+
+def _count(x: Any) -> int:
+    return int(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 else 0
+
+
+def _seconds(x: Any, default: float) -> float:
+    """A recorded completion's generation seconds (it stands in for the model, cost included), else the
+    replay's own delay."""
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 else default
 
 
 class ReplayGenerator(Generator):
@@ -64,8 +75,9 @@ class ReplayGenerator(Generator):
                 yield Completion(request.request_id, index, seed, "", error=f"no recorded completions for {request.task_id}")
                 continue
             row = rows[order[number % len(rows)]]
-            yield Completion(request.request_id, index, seed, row["completion"], tokens=int(row.get("tokens") or 0),
-                             finish_reason="replay")
+            yield Completion(request.request_id, index, seed, row["completion"], tokens=_count(row.get("tokens")),
+                             prompt_tokens=_count(row.get("prompt_tokens")), finish_reason="replay",
+                             generation_s=_seconds(row.get("generation_s"), self.delay_s))
 
     async def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)
