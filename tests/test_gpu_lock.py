@@ -159,11 +159,14 @@ def test_a_timer_waiting_for_checks_keeps_new_checks_of_every_process_out(tmp_pa
 def test_threads_of_one_process_take_turns_and_nest(tmp_path):
     lock = timing_lock(KEY, tmp_path / "locks")
     inside, release = threading.Event(), threading.Event()
+    nested: list[bool] = []
 
     def timer() -> None:
         with lock.held():
             inside.set()
             release.wait(60)
+            with lock.held(wait=False) as again:  # the other thread's refused tries left its hold intact
+                nested.append(again.nested)
 
     t = threading.Thread(target=timer)
     t.start()
@@ -176,6 +179,7 @@ def test_threads_of_one_process_take_turns_and_nest(tmp_path):
     finally:
         release.set()
         t.join(60)
+    assert nested == [True]
     with lock.held() as outer:
         with lock.held(wait=False) as inner, lock.checking(wait=False) as check:
             assert inner.nested and check.nested and not outer.nested
