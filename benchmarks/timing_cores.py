@@ -2,9 +2,11 @@
 
     python benchmarks/timing_cores.py [--rounds 2] [--builds N] [--calls 1000] [--ops 50] [--modes ...]
 
-A launch-heavy timing stands in for a launch-bound GPU kernel: one Python thread issuing many tiny torch
-ops (`--ops` relu/mul/add triples on 256 floats per call, torch single-threaded), each call timed by
-`perf_counter`, in a worker started as the oracle starts them (`oracle.sandbox.Worker`). It is timed
+A launch-heavy timing stands in for a launch-bound GPU kernel, in a worker started as the oracle starts
+them (`oracle.sandbox.Worker`), each call timed by `perf_counter`, torch single-threaded. Two probes:
+`ops`, one Python thread issuing many tiny torch ops (`--ops` relu/mul/add triples on 256 floats a call);
+`handoff`, each call handing a fifth of them to a second thread and waiting for it, as a launch and a
+synchronize do (two wake-ups a call: what a thread waiting for a core pays on every call). It is timed
 
 - `quiet`: nothing else of ours running;
 - `builds`: beside `--builds` cold C++ builds (default: one per core, so that the compilers hold every
@@ -46,34 +48,58 @@ from oracle.sandbox import Worker, _descendants, run_to_result, signal_trees  # 
 
 CANDIDATE = ROOT.parent / "tests" / "candidates" / "leaky_correct.py"
 MODES = ("quiet", "builds", "niced", "reserved", "stopped")
+PROBES = ("ops", "handoff")
 COMPILERS = {"cc1plus", "cicc", "cudafe++", "ptxas"}
 
 
 def probe_entry(conn: Connection, job_dir: str) -> None:
-    """In a worker: time `calls` calls of `ops` tiny op triples; report per-call figures and where it ran."""
+    """In a worker: time `calls` calls two ways, report per-call figures of each and where it ran.
+
+    `ops`: one thread runs `ops` tiny op triples per call, as a host thread launches kernels.
+    `handoff`: each call hands its (five times fewer) triples to a second thread and waits for it, as a
+    launch and a synchronize do: every call then needs two wake-ups, and pays for every wait for a core."""
+    import queue
+
     import torch
 
     job = json.loads((Path(job_dir) / "job.json").read_text())
     torch.set_num_threads(1)
     x = torch.randn(256)
 
-    def call() -> torch.Tensor:
+    def work(n: int) -> torch.Tensor:
         y = x
-        for _ in range(job["ops"]):
+        for _ in range(n):
             y = torch.relu(y * 1.0001 + 0.5)
         return y
 
-    for _ in range(50):
-        call()
-    samples = []
-    for _ in range(job["calls"]):
-        t0 = time.perf_counter()
-        call()
-        samples.append((time.perf_counter() - t0) * 1e3)
-    samples.sort()
-    send(conn, result={"median_ms": statistics.median(samples), "mean_ms": statistics.fmean(samples),
-                       "p90_ms": samples[int(0.9 * len(samples))], "cores": sorted(os.sched_getaffinity(0)),
-                       "nice": os.getpriority(os.PRIO_PROCESS, 0)})
+    requests: queue.SimpleQueue = queue.SimpleQueue()
+    done: queue.SimpleQueue = queue.SimpleQueue()
+
+    def device() -> None:
+        while (n := requests.get()) is not None:
+            done.put(work(n))
+
+    helper = threading.Thread(target=device, daemon=True)
+    helper.start()
+
+    def handoff() -> None:
+        requests.put(max(1, job["ops"] // 5))
+        done.get()
+
+    result = {"cores": sorted(os.sched_getaffinity(0)), "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+    for name, call in (("ops", lambda: work(job["ops"])), ("handoff", handoff)):
+        for _ in range(50):
+            call()
+        samples = []
+        for _ in range(job["calls"]):
+            t0 = time.perf_counter()
+            call()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        samples.sort()
+        result[name] = {"median_ms": statistics.median(samples), "mean_ms": statistics.fmean(samples),
+                        "p90_ms": samples[int(0.9 * len(samples))]}
+    requests.put(None)
+    send(conn, result=result)
 
 
 @dataclass
@@ -145,24 +171,29 @@ def run_mode(mode: str, args, cache: Path, nonce: str) -> dict:
         placement = {"builds": None, "niced": Placement(None, plan.build_nice), "reserved": plan.for_builds,
                      "stopped": None}[mode]
         builds = Builds.start(args.builds, cache, placement, nonce)
-        running = builds.wait_for_compilers()
-        if running == 0:
-            raise SystemExit("no compiler seen: nothing to measure beside")
-    if mode == "reserved":
-        timing_at = plan.for_timing
-    if mode == "stopped":
-        signal_trees([w.process.pid for w in builds.workers], signal.SIGSTOP)
     try:
-        result = probe(args.calls, args.ops, timing_at)
-    finally:
+        running = builds.wait_for_compilers() if builds else 0
+        if builds and running == 0:
+            raise SystemExit("no compiler seen: nothing to measure beside")
+        if mode == "reserved":
+            timing_at = plan.for_timing
         if mode == "stopped":
-            signal_trees([w.process.pid for w in builds.workers], signal.SIGCONT)
-    result["load"] = os.getloadavg()[0]
-    if builds is not None:
-        result["compilers"] = running
-        result["build_s"] = builds.join()
-        result["builds_ok"] = all(builds.ok)
-    return result
+            signal_trees([w.process.pid for w in builds.workers], signal.SIGSTOP)
+        try:
+            result = probe(args.calls, args.ops, timing_at)
+        finally:
+            if mode == "stopped":
+                signal_trees([w.process.pid for w in builds.workers], signal.SIGCONT)
+        result["load"] = os.getloadavg()[0]
+        if builds is not None:
+            result["compilers"] = running
+            result["build_s"] = builds.join()
+            result["builds_ok"] = all(builds.ok)
+        return result
+    finally:
+        if builds is not None:  # cut short (an error, Ctrl-C, SIGTERM): no compiler outlives the run
+            for w in builds.workers:
+                w.close()
 
 
 def main() -> None:
@@ -173,6 +204,7 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=50, help="tiny op triples per call")
     ap.add_argument("--modes", default=",".join(MODES), help=f"some of {','.join(MODES)}")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # so that the builds are closed on the way out
     modes = [m for m in args.modes.split(",") if m]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
@@ -188,19 +220,23 @@ def main() -> None:
                 results[m].append(res)
                 extra = (f", {res['compilers']} compilers, builds {res['build_s']:.0f} s"
                          f"{'' if res['builds_ok'] else ' (a build failed)'}") if "build_s" in res else ""
-                print(f"round {r + 1} {m:9s} median {res['median_ms']:.3f} ms, mean {res['mean_ms']:.3f}, "
-                      f"p90 {res['p90_ms']:.3f}; probe on cores {res['cores']} nice {res['nice']}; "
+                figures = "; ".join(f"{p} median {res[p]['median_ms']:.3f} ms (mean {res[p]['mean_ms']:.3f}, "
+                                    f"p90 {res[p]['p90_ms']:.3f})" for p in PROBES)
+                print(f"round {r + 1} {m:9s} {figures}; on cores {res['cores']} nice {res['nice']}; "
                       f"load {res['load']:.1f}{extra}", flush=True)
-    base = statistics.median(r["median_ms"] for r in results["quiet"]) if results.get("quiet") else None
-    print(f"\n{'mode':10s} {'median ms':>10s} {'x quiet':>8s} {'mean ms':>9s} {'p90 ms':>8s} {'build s':>8s}   per round (median ms)")
+    print(f"\nmedian over {args.rounds} rounds (x quiet: the probe's median over quiet's)")
+    print(f"{'mode':10s} " + " ".join(f"{p + ' median':>15s} {'x quiet':>7s} {p + ' p90':>12s}" for p in PROBES)
+          + f" {'build s':>8s}")
     for m in modes:
         rs = results[m]
-        med = statistics.median(r["median_ms"] for r in rs)
-        ratio = f"{med / base:.2f}" if base else "-"
+        cells = []
+        for p in PROBES:
+            med = statistics.median(r[p]["median_ms"] for r in rs)
+            base = statistics.median(r[p]["median_ms"] for r in results["quiet"]) if results.get("quiet") else None
+            cells.append(f"{med:15.3f} {(f'{med / base:.2f}' if base else '-'):>7s} "
+                         f"{statistics.median(r[p]['p90_ms'] for r in rs):12.3f}")
         build = f"{statistics.median(r['build_s'] for r in rs):.0f}" if "build_s" in rs[0] else "-"
-        print(f"{m:10s} {med:10.3f} {ratio:>8s} {statistics.median(r['mean_ms'] for r in rs):9.3f} "
-              f"{statistics.median(r['p90_ms'] for r in rs):8.3f} {build:>8s}   "
-              f"{', '.join(format(r['median_ms'], '.3f') for r in rs)}")
+        print(f"{m:10s} " + " ".join(cells) + f" {build:>8s}")
 
 
 if __name__ == "__main__":
