@@ -39,6 +39,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -105,6 +106,7 @@ class Row:
     spreads: list[float] = field(default_factory=list)  # eager rows: IQR/median of the candidate's and baseline's timings
     compilers: list[int] = field(default_factory=list)  # compiler processes running as each timing started
     rival_timings: int | None = None  # second-process rows: the rivals' timings that overlapped ours
+    flags: list[str] = field(default_factory=list)  # the verdicts' flags (wall_clock_disagrees, ...)
     problem: str = ""
 
     @property
@@ -154,6 +156,8 @@ class Row:
             text += f"  rivals timed {self.rival_timings}x inside"
         if self.compilers:
             text += f"  compilers {'/'.join(map(str, self.compilers))}"
+        if self.flags:
+            text += f"  flags {','.join(sorted(set(self.flags)))}"
         if self.problem:
             text += f"  [{self.problem[:160]}]"
         return text
@@ -301,6 +305,7 @@ def kernelsearch_times(oracle: Oracle, case: Case, n: int, row: Row) -> None:
             row.problem = f"{v.status}: {v.message}"
             return
         row.kernelsearch_ms.append(v.time_ms)
+        row.flags += v.flags
         if case.kind == "eager":
             row.baseline_ms = v.eager_ms
             row.spreads = [float((v.timing.get(k) or {}).get("spread") or 0.0) for k in ("candidate", "eager")]
@@ -393,6 +398,7 @@ def main() -> None:
     import torch
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # the builds and rivals are closed on the way out
     if args.rival_loop:
         rival_loop(args)
         return
@@ -452,9 +458,12 @@ def main() -> None:
         c.candidate = oracle.extract(c.task, eager_source(c.task) if c.path is None else c.path.read_text())
     with ThreadPoolExecutor(max_workers=(args.jobs or cores) + 1) as pool:
         refs = pool.submit(lambda: [oracle.reference(t) for t in {c.task.code: c.task for c in cases}.values()])
-        futures = {id(c): pool.submit(oracle.build, c.candidate) for c in cases if isinstance(c.candidate, Candidate)}
+        futures = {}  # one build per source: the same file at another size is the same build
         for c in cases:
-            c.build = futures[id(c)].result() if id(c) in futures else None
+            if isinstance(c.candidate, Candidate) and c.candidate.source not in futures:
+                futures[c.candidate.source] = pool.submit(oracle.build, c.candidate)
+        for c in cases:
+            c.build = futures[c.candidate.source].result() if isinstance(c.candidate, Candidate) else None
         refs.result()
     print(f"built {len(futures)} candidates and made {len({c.task.code for c in cases})} references in "
           f"{time.monotonic() - t0:.0f} s", flush=True)
@@ -470,24 +479,28 @@ def main() -> None:
     storm_n = cores - 1 if args.storm is None else args.storm
     storm_case = next((c for c in cases if c.path and "#include <torch/extension.h>" in c.path.read_text()), None)
     storm = None
+    # The launch-bound cases first (the ones a busy machine gets wrong), and a minute kept for the
+    # second process at the end.
+    storm_cases = sorted((c for c in cases if c.kind != "second process"), key=lambda c: not c.tag)
+    reserve_s = 60.0 if any(c.kind == "second process" for c in cases) else 0.0
     print("\n" + HEADER, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for c in cases:
-            if c.kind == "second process":
-                continue
-            if time.monotonic() - t_start > args.budget_s:
-                left.append(c.name)
-                continue
-            if storm is None and storm_n > 0 and storm_case is not None:
-                storm = Storm(oracle, storm_case.task, storm_case.path.read_text(), storm_n)
-                running = storm.start()
-                print(f"({storm_n} cold builds of {storm_case.name} running beside the timings: {running} compiler "
-                      "processes)", flush=True)
-            rows.append(run_case(oracle, c, args, found))
-            print(rows[-1].line(), flush=True)
-        if storm is not None:
-            storm.stop()
-            print(f"({storm.builds} storm builds finished or stopped)", flush=True)
+        try:
+            for c in storm_cases:
+                if time.monotonic() - t_start > args.budget_s - reserve_s:
+                    left.append(c.name)
+                    continue
+                if storm is None and storm_n > 0 and storm_case is not None:
+                    storm = Storm(oracle, storm_case.task, storm_case.path.read_text(), storm_n)
+                    running = storm.start()
+                    print(f"({storm_n} cold builds of {storm_case.name} running beside the timings: {running} "
+                          "compiler processes)", flush=True)
+                rows.append(run_case(oracle, c, args, found))
+                print(rows[-1].line(), flush=True)
+        finally:
+            if storm is not None:
+                storm.stop()
+                print(f"({storm.builds} storm builds finished or stopped)", flush=True)
         for c in cases:
             if c.kind != "second process":
                 continue
