@@ -1,8 +1,9 @@
 """Timing fidelity: is kernelsearch's clock right on a busy machine, and does it repeat?
 
     python benchmarks/fidelity.py [--device cuda|cpu] [--tasks ID,...|--all] [--timings 2] [--storm N]
-                                  [--launch-bound TASK] [--launch-bound-mb 0.0625] [--rival TASK] [--rivals 1]
-                                  [--skip eager,launch,rival] [--budget-s 290] [--cache DIR] [--out FILE.json]
+                                  [--compilers asis,stop,reserve] [--launch-bound TASK] [--launch-bound-mb 0.0625]
+                                  [--rival TASK] [--rivals 1] [--skip eager,launch,rival] [--budget-s 290]
+                                  [--cache DIR] [--out FILE.json]
 
 Every correct candidate under `benchmarks/candidates/` of the selected tasks (CUDA on a GPU, `*_cpp.py` on
 a CPU) is timed two ways:
@@ -11,31 +12,35 @@ a CPU) is timed two ways:
    100 calls, the median), in a fresh process on a quiet machine, after every build is done;
 2. kernelsearch: `Oracle.check_and_time`, `--timings` times, each in a fresh worker process, while
    `--storm` cold builds run beside it (default: one per core but one, as 15 nvcc builds held 16 cores
-   when launch-bound kernels measured 2-10x slow); the builds go through the same oracle, so whatever
-   it does with its compilers while it times (stop them, keep cores from them) is what is measured.
+   when launch-bound kernels measured 2-10x slow). The builds go through the same oracle, so what it does
+   with its compilers while it times is what `asis` measures; `--compilers` adds passes where this script
+   stops the builds for each timing (`stop`) or keeps them off the cores `oracle.cores.plan_cores()` keeps
+   for timing, at a lower priority (`reserve`), each with the builds it completed a minute: its cost.
 
 A row passes when kernelsearch's median is within 5% (or 2 us) of the yardstick, and its fresh-process
 timings within 2% of each other. Besides the candidates:
 - `eager`: each task's own reference submitted as a candidate, with its baseline re-timed in the same
   evaluation: the ratio must be 1.00 within the two timings' spread (interquartile range over median);
-  the baseline is compared with the yardstick's eager time too;
+  its time is compared with the yardstick's time of the reference too;
 - `launch-bound`: a level-2 GEMM epilogue fitted to tiny inputs (`--launch-bound-mb`), a few
-  microseconds of GPU work per call, timed with the storm running;
+  microseconds of GPU work per call, timed first, with the builds running;
 - `second process`: `--rivals` other kernelsearch processes on the same device time `--rival`'s eager
-  baseline in a loop while this one times a candidate (no storm): the contention a machine-wide lock
-  prevents. The row says how many of the rivals' timings fell inside its timings.
+  baseline in a loop while this one times a candidate (no builds): the contention a machine-wide lock
+  prevents. The row says how many of the rivals' timings fell inside its own.
 
-Rows print as they finish; a short table ends the run. `--budget-s` starts no new row past it (the table
-then covers what ran); the default selection takes about 5 minutes on one H200 from a cold cache
-(`--all`: every task of the corpus with a correct candidate, well over 10 minutes: split it with `--tasks`
-across runs that share `--cache`). On a CPU (`--device cpu`) the same runs with the `*_cpp.py`
-candidates, for instance `--device cpu --tasks level1/19_ReLU --max-input-mb 16 --storm 1`; there the
-oracle stops builds while it times.
+Rows print as they finish; a short table ends the run. `--budget-s` starts no new row past it (keeping a
+minute for the second process); the default selection takes about 5 minutes on one H200 from a cold cache.
+`--compilers asis,stop,reserve --skip eager,rival --budget-s 540` compares the three ways in one run.
+`--all` takes every task of the corpus with a correct candidate: well over 10 minutes, split it with
+`--tasks` across runs that share `--cache`. On a CPU (`--device cpu`) the same runs with the `*_cpp.py`
+candidates, e.g. `--device cpu --tasks level1/19_ReLU --max-input-mb 16 --storm 1` (about 2 minutes on
+2 cores); there the oracle itself stops its builds while it times.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -49,6 +54,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
@@ -56,7 +62,8 @@ sys.path.insert(0, str(ROOT.parent))
 from oracle import Oracle, OracleConfig, Verdict  # noqa: E402
 from oracle.candidate import Candidate  # noqa: E402
 from oracle.evaluate import BuildOutcome  # noqa: E402
-from oracle.sandbox import _descendants  # noqa: E402
+from oracle.cores import plan_cores  # noqa: E402
+from oracle.sandbox import _descendants, signal_trees  # noqa: E402
 from tasks import Selection, load_tasks  # noqa: E402
 from tasks.model import Task  # noqa: E402
 
@@ -101,6 +108,7 @@ class Row:
     name: str
     sizes: dict
     yardstick_ms: float | None
+    handling: str = "-"  # what was done about the builds while timing (Storm): asis, stop, reserve; "-": none ran
     kernelsearch_ms: list[float] = field(default_factory=list)
     baseline_ms: float | None = None  # eager rows: kernelsearch's eager baseline, re-timed in the same evaluation
     spreads: list[float] = field(default_factory=list)  # eager rows: IQR/median of the candidate's and baseline's timings
@@ -147,7 +155,7 @@ class Row:
 
     def line(self) -> str:
         times = " ".join(f"{t:.4f}" for t in self.kernelsearch_ms) or "-"
-        text = (f"{self.kind:14s} {self.name:62s} {_fmt(self.yardstick_ms, '.4f'):>9s} {times:>22s} "
+        text = (f"{self.kind:14s} {self.handling:7s} {self.name:62s} {_fmt(self.yardstick_ms, '.4f'):>9s} {times:>22s} "
                 f"{_pct(self.difference):>7s} {_ok(self.agrees):>4s} {_pct(self.repeat_spread, False):>6s} {_ok(self.repeats):>4s}")
         if self.kind == "eager":
             text += (f"  baseline {_fmt(self.baseline_ms, '.4f')} ms, ratio {_fmt(self.eager_ratio, '.3f')} "
@@ -163,7 +171,7 @@ class Row:
         return text
 
 
-HEADER = (f"{'case':14s} {'candidate':62s} {'quiet ms':>9s} {'kernelsearch ms':>22s} {'diff':>7s} {'ok':>4s} "
+HEADER = (f"{'case':14s} {'builds':7s} {'candidate':62s} {'quiet ms':>9s} {'kernelsearch ms':>22s} {'diff':>7s} {'ok':>4s} "
           f"{'spread':>6s} {'ok':>4s}")
 
 
@@ -203,26 +211,114 @@ def eager_source(task: Task) -> str:
 
 class Storm:
     """`n` cold builds at once through the oracle, each of a candidate source no cache has seen, started
-    again as each ends, until stopped."""
+    again as each ends, until stopped. `handling`: what is done about them while kernelsearch times:
+    `asis`, whatever the oracle itself does; `stop`, they are stopped (SIGSTOP, with all they started)
+    for every timing; `reserve`, they are confined to the cores `oracle.cores.plan_cores()` leaves to
+    builds, at its lower priority, and the candidate workers are put on its timing cores for the timing."""
 
-    def __init__(self, oracle: Oracle, task: Task, source: str, n: int) -> None:
-        self.oracle, self.task, self.source, self.n = oracle, task, source, n
+    def __init__(self, oracle: Oracle, task: Task, source: str, n: int, handling: str = "asis") -> None:
+        self.oracle, self.task, self.source, self.n, self.handling = oracle, task, source, n, handling
+        self.plan = plan_cores() if handling == "reserve" else None
         self.stopping = threading.Event()
+        self.paused = threading.Event()  # `stop`: no build starts while a timing runs
         self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(n)]
-        self.builds = 0
+        if self.plan is not None:
+            self.threads.append(threading.Thread(target=self._confine, daemon=True))
+        self.completed = 0  # builds that ran to the end (the throughput)
+        self.pinned: set[int] = set()  # `reserve`: workers put on the timing cores
+        self.started_at = self.stopped_at = 0.0
 
     def _loop(self, i: int) -> None:
         k = 0
         while not self.stopping.is_set():
+            if self.paused.is_set():
+                time.sleep(0.02)
+                continue
             nonce = f"// storm {i} {k} {time.time()}"
             text = self.source.replace("#include <torch/extension.h>", f"#include <torch/extension.h>\n{nonce}", 1)
             candidate = self.oracle.extract(self.task, text)
             if isinstance(candidate, Candidate):
-                self.oracle.build(candidate)
-                self.builds += 1
+                outcome = self.oracle.build(candidate)
+                self.completed += bool(outcome.ok and not self.stopping.is_set())
             k += 1
 
+    def _confine(self) -> None:
+        """`reserve`: each build worker and header maker, once, with what runs below it by then; what it
+        starts later inherits the placement."""
+        done: set[int] = set()
+        while not self.stopping.is_set():
+            with self.oracle._workers_lock:
+                pids = [w.process.pid for w in self.oracle._builders] + [m.pid for m in self.oracle._header_makers]
+            for pid in pids:
+                if pid and pid not in done:
+                    self.plan.for_builds.apply_to(pid)
+                    done.add(pid)
+            time.sleep(0.05)
+
+    def _compiler_pids(self) -> list[int]:
+        with self.oracle._workers_lock:
+            return ([w.process.pid for w in self.oracle._builders]
+                    + [m.pid for m in self.oracle._header_makers if m.poll() is None])
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Held by the oracle while it times (`check_and_time`'s `quiet`)."""
+        if self.handling == "reserve":
+            with self._while_timing(self._pin_timing_workers):
+                yield
+            return
+        if self.handling != "stop":
+            yield
+            return
+        self.paused.set()
+        stopped: set[int] = set()
+
+        def stop_new() -> None:  # a build that was starting as the timing began is stopped as it appears
+            new = [p for p in self._compiler_pids() if p not in stopped]
+            signal_trees(new, signal.SIGSTOP)
+            stopped.update(new)
+
+        try:
+            with self._while_timing(stop_new):
+                yield
+        finally:
+            signal_trees(sorted(stopped), signal.SIGCONT)
+            self.paused.clear()
+
+    @contextlib.contextmanager
+    def _while_timing(self, step) -> Iterator[None]:
+        """Run `step` now and every 20 ms until the timing ends."""
+        done = threading.Event()
+
+        def loop() -> None:
+            while not done.wait(0.02):
+                step()
+
+        step()
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+
+    def _pin_timing_workers(self) -> None:
+        """`reserve`: every worker that is not a build (the candidate being timed, or the reference worker
+        timing a baseline) on the timing cores, once each."""
+        from multiprocessing import forkserver
+
+        server = getattr(forkserver._forkserver, "_forkserver_pid", None)
+        if not server:
+            return
+        builders = set(self._compiler_pids())
+        for pid in _children(server):
+            if pid not in builders and pid not in self.pinned:
+                self.plan.for_timing.apply_to(pid)
+                self.pinned.add(pid)
+
     def start(self, wait_s: float = 180) -> int:
+        self.started_at = time.monotonic()
         for t in self.threads:
             t.start()
         deadline = time.monotonic() + wait_s
@@ -233,12 +329,34 @@ class Storm:
     def stop(self) -> None:
         """Stop starting builds and kill the ones running (their results are not wanted)."""
         self.stopping.set()
+        self.stopped_at = time.monotonic()
         for _ in range(50):
             for worker in list(self.oracle._builders):
                 worker.close()
             if not any(t.is_alive() for t in self.threads):
                 break
             time.sleep(0.2)
+
+    def throughput(self) -> str:
+        minutes = max(1e-9, (self.stopped_at - self.started_at) / 60)
+        return (f"{self.completed} storm builds completed in {60 * minutes:.0f} s: {self.completed / minutes:.1f} "
+                f"a minute")
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of `pid` (Linux)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:  # a kernel without that file: by the parent in each process's stat
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+        return found
 
 
 def compilers_running(oracle: Oracle) -> int:
@@ -296,11 +414,12 @@ def yardstick_for(found: dict[str, dict], case: Case) -> tuple[float | None, str
     return data.get("median_ms"), data.get("error", "" if data else "not timed by the event timer")
 
 
-def kernelsearch_times(oracle: Oracle, case: Case, n: int, row: Row) -> None:
+def kernelsearch_times(oracle: Oracle, case: Case, n: int, row: Row, storm: Storm | None = None) -> None:
     """`n` evaluations of the case, each in a fresh worker; eager cases re-time their baseline too."""
     for _ in range(n):
         row.compilers.append(compilers_running(oracle))
-        v: Verdict = oracle.check_and_time(case.task, case.candidate, case.build, fresh_baseline=case.kind == "eager")
+        v: Verdict = oracle.check_and_time(case.task, case.candidate, case.build, fresh_baseline=case.kind == "eager",
+                                           quiet=storm.quiet if storm else None)
         if v.status != "correct" or not v.time_ms:
             row.problem = f"{v.status}: {v.message}"
             return
@@ -386,6 +505,9 @@ def main() -> None:
     ap.add_argument("--launch-bound-mb", type=float, default=0.0625, help="input budget that makes it launch-bound")
     ap.add_argument("--rival", default=None, help="task whose eager baseline the rival processes time")
     ap.add_argument("--rivals", type=int, default=1, help="other processes timing on the device at once")
+    ap.add_argument("--compilers", default="asis", help="what is done about the builds while timing, one pass of "
+                    "the rows each: asis (whatever the oracle does), stop (stopped for each timing), reserve (kept "
+                    "off the oracle.cores timing cores, niced), e.g. asis,stop,reserve")
     ap.add_argument("--skip", default="", help="sections to leave out: eager, launch, rival")
     ap.add_argument("--jobs", type=int, default=None, help="parallel builds of the candidates (default: cores)")
     ap.add_argument("--budget-s", type=float, default=290, help="start no new row after this many seconds")
@@ -405,6 +527,9 @@ def main() -> None:
     t_start = time.monotonic()
     cores = len(os.sched_getaffinity(0))
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    handlings = [h.strip() for h in args.compilers.split(",") if h.strip()]
+    if not handlings or set(handlings) - {"asis", "stop", "reserve"}:
+        sys.exit(f"error: --compilers takes asis, stop and reserve, not {args.compilers!r}")
     unknown = skip - {"eager", "launch", "rival"}
     if unknown:
         sys.exit(f"error: unknown section(s) to skip: {', '.join(sorted(unknown))} (eager, launch, rival)")
@@ -477,6 +602,7 @@ def main() -> None:
     rows: list[Row] = []
     left: list[str] = []
     storm_n = cores - 1 if args.storm is None else args.storm
+    throughput: dict[str, str] = {}
     storm_case = next((c for c in cases if c.path and "#include <torch/extension.h>" in c.path.read_text()), None)
     storm = None
     # The launch-bound cases first (the ones a busy machine gets wrong), and a minute kept for the
@@ -485,22 +611,25 @@ def main() -> None:
     reserve_s = 60.0 if any(c.kind == "second process" for c in cases) else 0.0
     print("\n" + HEADER, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            for c in storm_cases:
-                if time.monotonic() - t_start > args.budget_s - reserve_s:
-                    left.append(c.name)
-                    continue
-                if storm is None and storm_n > 0 and storm_case is not None:
-                    storm = Storm(oracle, storm_case.task, storm_case.path.read_text(), storm_n)
-                    running = storm.start()
-                    print(f"({storm_n} cold builds of {storm_case.name} running beside the timings: {running} "
-                          "compiler processes)", flush=True)
-                rows.append(run_case(oracle, c, args, found))
-                print(rows[-1].line(), flush=True)
-        finally:
-            if storm is not None:
-                storm.stop()
-                print(f"({storm.builds} storm builds finished or stopped)", flush=True)
+        for handling in handlings:
+            storm = None
+            try:
+                for c in storm_cases:
+                    if time.monotonic() - t_start > args.budget_s - reserve_s:
+                        left.append(f"{c.name} ({handling})")
+                        continue
+                    if storm is None and storm_n > 0 and storm_case is not None:
+                        storm = Storm(oracle, storm_case.task, storm_case.path.read_text(), storm_n, handling)
+                        running = storm.start()
+                        print(f"({handling}: {storm_n} cold builds of {storm_case.name} running beside the timings, "
+                              f"{running} compiler processes)", flush=True)
+                    rows.append(run_case(oracle, c, args, found, storm))
+                    print(rows[-1].line(), flush=True)
+            finally:
+                if storm is not None:
+                    storm.stop()
+                    print(f"({handling}: {storm.throughput()})", flush=True)
+                    throughput[handling] = storm.throughput()
         for c in cases:
             if c.kind != "second process":
                 continue
@@ -513,40 +642,46 @@ def main() -> None:
             rows.append(row)
             print(row.line(), flush=True)
 
-    summary(rows, left, time.monotonic() - t_start)
+    summary(rows, left, throughput, time.monotonic() - t_start)
     if args.out:
         args.out.write_text(json.dumps({"device": oracle.device_name, "torch": torch.__version__, "cores": cores,
-                                        "storm": storm_n, "rows": [asdict(r) for r in rows], "not_run": left}, indent=1))
+                                        "storm": storm_n, "throughput": throughput, "rows": [asdict(r) for r in rows],
+                                        "not_run": left}, indent=1))
 
 
-def run_case(oracle: Oracle, case: Case, args, found: dict[str, dict]) -> Row:
+def run_case(oracle: Oracle, case: Case, args, found: dict[str, dict], storm: Storm | None) -> Row:
     ystick, problem = yardstick_for(found, case)
-    row = Row(case.kind, case.name, dict(case.task.sizes), ystick, problem=problem)
+    row = Row(case.kind, case.name, dict(case.task.sizes), ystick, storm.handling if storm else "-", problem=problem)
     if not isinstance(case.candidate, Candidate):
         row.problem = f"{case.candidate.status}: {case.candidate.message}"
     elif case.build is None or not case.build.ok:
         row.problem = f"build: {case.build.status if case.build else '?'}: {case.build.message if case.build else ''}"
     else:
-        kernelsearch_times(oracle, case, 1 if case.kind == "eager" else args.timings, row)
+        kernelsearch_times(oracle, case, 1 if case.kind == "eager" else args.timings, row, storm)
     return row
 
 
-def summary(rows: list[Row], left: list[str], wall_s: float) -> None:
+def summary(rows: list[Row], left: list[str], throughput: dict[str, str], wall_s: float) -> None:
     print("\nsummary")
     print(HEADER)
     for r in rows:
         print(r.line())
-    judged = [r for r in rows if r.agrees is not None]
-    repeated = [r for r in rows if r.repeats is not None]
-    eager = [r for r in rows if r.eager_within_spread is not None]
-    print(f"\nwithin {100 * TOLERANCE:.0f}% (or {1e3 * TOLERANCE_MS:.0f} us) of the quiet event timer: "
-          f"{sum(bool(r.agrees) for r in judged)} of {len(judged)}")
-    print(f"fresh-process timings within {100 * REPEAT_TOLERANCE:.0f}% of each other: "
-          f"{sum(bool(r.repeats) for r in repeated)} of {len(repeated)}")
-    if eager:
-        ratios = [r.eager_ratio for r in eager]
-        print(f"eager against itself 1.00 within the spread: {sum(bool(r.eager_within_spread) for r in eager)} of "
-              f"{len(eager)} (ratios {min(ratios):.3f}-{max(ratios):.3f})")
+    for handling in dict.fromkeys(r.handling for r in rows):
+        mine = [r for r in rows if r.handling == handling]
+        judged = [r for r in mine if r.agrees is not None]
+        repeated = [r for r in mine if r.repeats is not None]
+        eager = [r for r in mine if r.eager_within_spread is not None]
+        what = {"-": "without builds", "asis": "builds running, as the oracle handles them",
+                "stop": "builds stopped for each timing", "reserve": "builds kept off the timing cores"}[handling]
+        print(f"\n{what}{': ' + throughput[handling] if handling in throughput else ''}")
+        print(f"  within {100 * TOLERANCE:.0f}% (or {1e3 * TOLERANCE_MS:.0f} us) of the quiet event timer: "
+              f"{sum(bool(r.agrees) for r in judged)} of {len(judged)}")
+        print(f"  fresh-process timings within {100 * REPEAT_TOLERANCE:.0f}% of each other: "
+              f"{sum(bool(r.repeats) for r in repeated)} of {len(repeated)}")
+        if eager:
+            ratios = [r.eager_ratio for r in eager]
+            print(f"  eager against itself 1.00 within the spread: {sum(bool(r.eager_within_spread) for r in eager)} of "
+                  f"{len(eager)} (ratios {min(ratios):.3f}-{max(ratios):.3f})")
     if left:
         print(f"not run (--budget-s reached): {', '.join(left)}")
     print(f"wall time {wall_s:.0f} s")

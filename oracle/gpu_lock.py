@@ -238,7 +238,7 @@ class TimingLock:
                     return
                 if self._taking_shared:  # another thread is taking the shared lock for the process: after it
                     if not wait:
-                        raise TimingLockBusy(f"{self.key}: timed by another process{_pid_note(self.holder())}")
+                        raise TimingLockBusy(f"{self.key}: being taken for a check by another thread")
                     self._cond.wait()
                     continue
                 self._taking_shared = True
@@ -264,7 +264,7 @@ class TimingLock:
             fcntl.flock(fd, kind if wait else kind | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise TimingLockBusy(f"{self.key}: {'timed' if kind == fcntl.LOCK_SH else 'in use'} by "
+            raise TimingLockBusy(f"{self.key}: {'timed' if kind == fcntl.LOCK_SH else 'checked or timed'} by "
                                  f"another process{_pid_note(self.holder())}") from None
         except BaseException:
             os.close(fd)
@@ -282,7 +282,7 @@ class TimingLock:
 
 
 def _pid_note(pid: int | None) -> str:
-    return f" (pid {pid})" if pid else ""
+    return f" (the last to time on it: pid {pid})" if pid else ""
 
 
 def _unlock(fd: int) -> None:
