@@ -161,7 +161,7 @@ class Row:
             text += (f"  baseline {_fmt(self.baseline_ms, '.4f')} ms, ratio {_fmt(self.eager_ratio, '.3f')} "
                      f"(spread {'/'.join(_pct(s, False) for s in self.spreads) or '-'}) {_ok(self.eager_within_spread)}")
         if self.rival_timings is not None:
-            text += f"  rivals timed {self.rival_timings}x inside"
+            text += f"  rivals timed {self.rival_timings}x during these evaluations"
         if self.compilers:
             text += f"  compilers {'/'.join(map(str, self.compilers))}"
         if self.flags:
