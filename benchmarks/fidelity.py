@@ -359,6 +359,19 @@ def _children(pid: int) -> list[int]:
         return found
 
 
+@contextlib.contextmanager
+def compilers_stopped(oracle: Oracle) -> Iterator[None]:
+    """A quiet machine for a while: the header makers the builds asked for (detached, a minute each) and any
+    build still running are stopped, and resumed afterwards."""
+    with oracle._workers_lock:
+        pids = [w.process.pid for w in oracle._builders] + [m.pid for m in oracle._header_makers if m.poll() is None]
+    signal_trees(pids, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        signal_trees(pids, signal.SIGCONT)
+
+
 def compilers_running(oracle: Oracle) -> int:
     found = 0
     for worker in list(oracle._builders):
@@ -596,7 +609,8 @@ def main() -> None:
     # 2. The yardstick, on a quiet machine.
     print("\nthe minimal event timer, quiet (fixed inputs, L2 flushed, 100 calls):", flush=True)
     timeable = [c for c in cases if isinstance(c.candidate, Candidate) and c.build and c.build.ok]
-    found = yardstick(timeable, oracle, args.device, timeout_s=max(60.0, args.budget_s))
+    with compilers_stopped(oracle):
+        found = yardstick(timeable, oracle, args.device, timeout_s=max(60.0, args.budget_s))
 
     # 3. kernelsearch, with the builds running; then with rival processes timing at once.
     rows: list[Row] = []
@@ -636,7 +650,8 @@ def main() -> None:
             if time.monotonic() - t_start > args.budget_s:
                 left.append(c.name)
                 continue
-            row = second_process_row(oracle, c, args, rival_task, Path(tmp))
+            with compilers_stopped(oracle):
+                row = second_process_row(oracle, c, args, rival_task, Path(tmp))
             row.yardstick_ms, problem = yardstick_for(found, c)
             row.problem = row.problem or problem
             rows.append(row)
