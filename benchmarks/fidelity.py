@@ -15,7 +15,8 @@ a CPU) is timed two ways:
    when launch-bound kernels measured 2-10x slow). The builds go through the same oracle, so what it does
    with its compilers while it times is what `asis` measures; `--compilers` adds passes where this script
    stops the builds for each timing (`stop`) or keeps them off the cores `oracle.cores.plan_cores()` keeps
-   for timing, at a lower priority (`reserve`), each with the builds it completed a minute: its cost.
+   for timing, at a lower priority (`reserve`), each with the builds it completed a minute: its cost
+   (the builds: benchmarks/build_storm.py).
 
 A row passes when kernelsearch's median is within 5% (or 2 us) of the yardstick, and its fresh-process
 timings within 2% of each other. Besides the candidates:
@@ -40,7 +41,6 @@ candidates, e.g. `--device cpu --tasks level1/19_ReLU --max-input-mb 16 --storm 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -54,7 +54,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
@@ -62,10 +61,10 @@ sys.path.insert(0, str(ROOT.parent))
 from oracle import Oracle, OracleConfig, Verdict  # noqa: E402
 from oracle.candidate import Candidate  # noqa: E402
 from oracle.evaluate import BuildOutcome  # noqa: E402
-from oracle.cores import plan_cores  # noqa: E402
-from oracle.sandbox import _descendants, signal_trees  # noqa: E402
 from tasks import Selection, load_tasks  # noqa: E402
 from tasks.model import Task  # noqa: E402
+
+from build_storm import Storm, compilers_running, compilers_stopped  # noqa: E402  (benchmarks/)
 
 DATA = [ROOT.parent / ".shared" / "kernelbench" / "kernelbench_levels1-3.jsonl",
         ROOT.parent.parent / "shared" / "kernelbench" / "kernelbench_levels1-3.jsonl"]
@@ -74,7 +73,6 @@ DEFAULT_TASKS = ["level1/19_ReLU", "level1/23_Softmax", "level1/47_Sum_reduction
 LAUNCH_BOUND = {"cuda": "level2/76_Gemm_Add_ReLU", "cpu": "level1/19_ReLU"}
 RIVAL = {"cuda": ("level2/76_Gemm_Add_ReLU", "level2/12_Gemm_Multiply_LeakyReLU"),  # (timed here, timed by rivals)
          "cpu": ("level1/19_ReLU", "level1/23_Softmax")}
-COMPILERS = {"cc1plus", "cicc", "cudafe++", "ptxas", "nvcc", "gcc", "g++", "c++"}
 TOLERANCE, TOLERANCE_MS, REPEAT_TOLERANCE = 0.05, 0.002, 0.02
 
 
@@ -204,183 +202,6 @@ def correct_candidates(device: str) -> dict[str, list[Path]]:
 
 def eager_source(task: Task) -> str:
     return task.code + "\n\nclass ModelNew(Model):\n    pass\n"
-
-
-# ---------------------------------------------------------------- the builds beside the timing
-
-
-class Storm:
-    """`n` cold builds at once through the oracle, each of a candidate source no cache has seen, started
-    again as each ends, until stopped. `handling`: what is done about them while kernelsearch times:
-    `asis`, whatever the oracle itself does; `stop`, they are stopped (SIGSTOP, with all they started)
-    for every timing; `reserve`, they are confined to the cores `oracle.cores.plan_cores()` leaves to
-    builds, at its lower priority, and the candidate workers are put on its timing cores for the timing."""
-
-    def __init__(self, oracle: Oracle, task: Task, source: str, n: int, handling: str = "asis") -> None:
-        self.oracle, self.task, self.source, self.n, self.handling = oracle, task, source, n, handling
-        self.plan = plan_cores() if handling == "reserve" else None
-        self.stopping = threading.Event()
-        self.paused = threading.Event()  # `stop`: no build starts while a timing runs
-        self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(n)]
-        if self.plan is not None:
-            self.threads.append(threading.Thread(target=self._confine, daemon=True))
-        self.completed = 0  # builds that ran to the end (the throughput)
-        self.pinned: set[int] = set()  # `reserve`: workers put on the timing cores
-        self.started_at = self.stopped_at = 0.0
-
-    def _loop(self, i: int) -> None:
-        k = 0
-        while not self.stopping.is_set():
-            if self.paused.is_set():
-                time.sleep(0.02)
-                continue
-            nonce = f"// storm {i} {k} {time.time()}"
-            text = self.source.replace("#include <torch/extension.h>", f"#include <torch/extension.h>\n{nonce}", 1)
-            candidate = self.oracle.extract(self.task, text)
-            if isinstance(candidate, Candidate):
-                outcome = self.oracle.build(candidate)
-                self.completed += bool(outcome.ok and not self.stopping.is_set())
-            k += 1
-
-    def _confine(self) -> None:
-        """`reserve`: each build worker and header maker, once, with what runs below it by then; what it
-        starts later inherits the placement."""
-        done: set[int] = set()
-        while not self.stopping.is_set():
-            with self.oracle._workers_lock:
-                pids = [w.process.pid for w in self.oracle._builders] + [m.pid for m in self.oracle._header_makers]
-            for pid in pids:
-                if pid and pid not in done:
-                    self.plan.for_builds.apply_to(pid)
-                    done.add(pid)
-            time.sleep(0.05)
-
-    def _compiler_pids(self) -> list[int]:
-        with self.oracle._workers_lock:
-            return ([w.process.pid for w in self.oracle._builders]
-                    + [m.pid for m in self.oracle._header_makers if m.poll() is None])
-
-    @contextlib.contextmanager
-    def quiet(self) -> Iterator[None]:
-        """Held by the oracle while it times (`check_and_time`'s `quiet`)."""
-        if self.handling == "reserve":
-            with self._while_timing(self._pin_timing_workers):
-                yield
-            return
-        if self.handling != "stop":
-            yield
-            return
-        self.paused.set()
-        stopped: set[int] = set()
-
-        def stop_new() -> None:  # a build that was starting as the timing began is stopped as it appears
-            new = [p for p in self._compiler_pids() if p not in stopped]
-            signal_trees(new, signal.SIGSTOP)
-            stopped.update(new)
-
-        try:
-            with self._while_timing(stop_new):
-                yield
-        finally:
-            signal_trees(sorted(stopped), signal.SIGCONT)
-            self.paused.clear()
-
-    @contextlib.contextmanager
-    def _while_timing(self, step) -> Iterator[None]:
-        """Run `step` now and every 20 ms until the timing ends."""
-        done = threading.Event()
-
-        def loop() -> None:
-            while not done.wait(0.02):
-                step()
-
-        step()
-        thread = threading.Thread(target=loop, daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            done.set()
-            thread.join()
-
-    def _pin_timing_workers(self) -> None:
-        """`reserve`: every worker that is not a build (the candidate being timed, or the reference worker
-        timing a baseline) on the timing cores, once each."""
-        from multiprocessing import forkserver
-
-        server = getattr(forkserver._forkserver, "_forkserver_pid", None)
-        if not server:
-            return
-        builders = set(self._compiler_pids())
-        for pid in _children(server):
-            if pid not in builders and pid not in self.pinned:
-                self.plan.for_timing.apply_to(pid)
-                self.pinned.add(pid)
-
-    def start(self, wait_s: float = 180) -> int:
-        self.started_at = time.monotonic()
-        for t in self.threads:
-            t.start()
-        deadline = time.monotonic() + wait_s
-        while compilers_running(self.oracle) < self.n and time.monotonic() < deadline:
-            time.sleep(0.2)
-        return compilers_running(self.oracle)
-
-    def stop(self) -> None:
-        """Stop starting builds and kill the ones running (their results are not wanted)."""
-        self.stopping.set()
-        self.stopped_at = time.monotonic()
-        for _ in range(50):
-            for worker in list(self.oracle._builders):
-                worker.close()
-            if not any(t.is_alive() for t in self.threads):
-                break
-            time.sleep(0.2)
-
-    def throughput(self) -> str:
-        minutes = max(1e-9, (self.stopped_at - self.started_at) / 60)
-        return (f"{self.completed} storm builds completed in {60 * minutes:.0f} s: {self.completed / minutes:.1f} "
-                f"a minute")
-
-
-def _children(pid: int) -> list[int]:
-    """The direct children of `pid` (Linux)."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:  # a kernel without that file: by the parent in each process's stat
-        found = []
-        for entry in os.listdir("/proc"):
-            try:
-                if entry.isdigit() and int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue
-        return found
-
-
-@contextlib.contextmanager
-def compilers_stopped(oracle: Oracle) -> Iterator[None]:
-    """A quiet machine for a while: the header makers the builds asked for (detached, a minute each) and any
-    build still running are stopped, and resumed afterwards."""
-    with oracle._workers_lock:
-        pids = [w.process.pid for w in oracle._builders] + [m.pid for m in oracle._header_makers if m.poll() is None]
-    signal_trees(pids, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        signal_trees(pids, signal.SIGCONT)
-
-
-def compilers_running(oracle: Oracle) -> int:
-    found = 0
-    for worker in list(oracle._builders):
-        for pid in _descendants(worker.process.pid):
-            try:
-                found += Path(f"/proc/{pid}/comm").read_text().strip() in COMPILERS
-            except OSError:
-                pass
-    return found
 
 
 # ---------------------------------------------------------------- the two clocks
