@@ -17,12 +17,14 @@ import threading
 from typing import Iterator
 
 from oracle.device_lock import DeviceLock
+from oracle.gpu_lock import TimingLock
 from oracle.sandbox import Worker, signal_trees
 
 
 class QuietDevice:
-    def __init__(self, device: str, stop_compilers: bool = True) -> None:
-        self.lock = DeviceLock()
+    def __init__(self, device: str, stop_compilers: bool = True, machine: TimingLock | None = None) -> None:
+        # `machine`: the device's machine-wide lock, so that two processes never time on one device at once
+        self.lock = DeviceLock(machine)
         self.stop_compilers = device == "cpu" and stop_compilers
         self._workers: set[Worker] = set()  # stopped while another is timed, on every device
         self._builders: set[Worker] = set()  # stopped while anything is timed, on a CPU

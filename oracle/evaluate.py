@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
-from oracle import harness, judge
+from oracle import gpu_lock, harness, judge
 from oracle.build import BuildOutcome, CandidateBuilds, build_key, cache_root, last_line
 from oracle.candidate import Candidate
 from oracle.device_quiet import MemoryBudget, QuietDevice
@@ -120,8 +120,8 @@ class Oracle:
         # Fixed here, not inherited: a Ray actor's OMP_NUM_THREADS=1 would otherwise time CPU baselines
         # single-threaded in one run and multi-threaded in the next, under one cache key.
         self.threads = c.threads or os.cpu_count() or 1
-        self.quiet = QuietDevice(c.device, c.stop_builds_while_timing)
         builds_root = cache_root(c.cache_dir)
+        self.quiet = QuietDevice(c.device, c.stop_builds_while_timing, gpu_lock.for_device(c.device, c.cache_dir))
         self.pch = (c.pch_dir or default_root()) if c.precompiled_headers else None
         self.builds = CandidateBuilds(builds_root, self.gpu_arch, self.pch, c.build_timeout_s, self.quiet)
         self.memory = MemoryBudget(int(c.candidate_memory * _device_memory(c.device)))

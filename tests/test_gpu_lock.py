@@ -212,3 +212,14 @@ def test_keys_and_where_the_locks_live(tmp_path, monkeypatch):
     assert lock_root(tmp_path) == tmp_path / "locks"
     assert for_device("cpu", tmp_path) is for_device("cpu", tmp_path)
     assert for_device("cpu", tmp_path).path == tmp_path / "locks" / "gpu-cpu.lock"
+
+
+def test_the_oracle_times_under_its_devices_machine_lock(tmp_path):
+    """An oracle's device lock takes the machine-wide lock of its device (here the CPU's), in its cache folder."""
+    from oracle import Oracle, OracleConfig
+
+    oracle = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path))
+    machine = oracle.quiet.lock.machine
+    assert machine is not None and machine.key == "cpu" and machine.path.parent == tmp_path / "locks"
+    with oracle.alone():
+        assert machine.holder() == os.getpid()
