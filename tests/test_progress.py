@@ -162,3 +162,11 @@ def test_early_stopped_task_shows_as_solved():
     progress.record(rec(TASKS[0].id, 0, "correct", 1.5))
     progress.record(rec(TASKS[1].id, 0, "correct", 0.5))
     assert progress.task_status(TASKS[0].id) == "solved" and progress.task_status(TASKS[1].id) == "running"
+
+
+def test_the_pool_line_says_where_the_device_time_went():
+    progress = RunProgress(Console(file=io.StringIO()), TASKS, 4, [])
+    progress.pool = [{"timing": 1, "device_slots": 4, "device_phases_s": {"checks": 12.4, "timing": 3.0, "reference": 0.0}},
+                     {"timing": 0, "device_slots": 4, "device_phases_s": {"checks": 2.0, "baselines": 1.6}}]
+    assert progress.pool_text() == ("oracles 2: on the device 1/8, building 0, builds queued 0; "
+                                    "device s: checks 14, timing 3, baselines 2")
