@@ -31,7 +31,7 @@ CANDIDATE = ROOT.parent / "tests" / "candidates" / "leaky_correct.py"
 
 
 def compiler_running(oracle: Oracle) -> bool:
-    for worker in list(oracle._builders):
+    for worker in list(oracle.quiet._builders):
         for pid in _descendants(worker.process.pid):
             try:
                 if Path(f"/proc/{pid}/comm").read_text().strip() == "cc1plus":
@@ -55,9 +55,7 @@ def eager_ms(task, cache: Path, mode: str, nonce: str) -> float:
                 time.sleep(0.1)
             if not compiler_running(oracle):
                 raise SystemExit("the build ended before a compiler was seen: nothing to measure beside")
-        with oracle.alone(None):
-            oracle.refresh_baselines(task)
-        ms = oracle.reference(task).eager["median_ms"]
+        ms = oracle.references.retime_eager(task).eager["median_ms"]
         if build is not None:
             build.result()
     return ms

@@ -1,86 +1,116 @@
-"""Oracle throughput on one node from a cold cache, against a plain one-at-a-time harness, side by side.
+"""Oracle throughput from cold caches: `kernelsearch run` over the candidate corpus, and a peer-style harness.
 
-    python benchmarks/throughput.py [--oracles K] [--baseline N] [--max-input-mb 128] [--out FILE.json]
+    python benchmarks/throughput.py [--ours] [--peer N] [--limit N] [--max-input-mb MB] [--out FILE.json]
 
-Ours: every distinct candidate under `benchmarks/candidates/` (CUDA on a GPU, the `*_cpp.py` ones on a CPU) is
-handed at once to the engine's oracle pool (Ray actors, one per GPU, each with CPU build slots and one
-timing slot) with an empty build cache and no precompiled header: the first build asks for the header and
-the builds after it use it, as in a fresh search. Reported: candidates per minute over the whole run,
-build p50/p90, the device's seconds per candidate (the overhead outside building: worker start, checks,
-timing; checks of several candidates overlap, timing holds the device alone) and how busy it was over the
-run, and the GPU's utilisation while work was queued (nvidia-smi, sampled every 0.5 s).
+Ours (`--ours`): every distinct candidate under `benchmarks/candidates/` (CUDA on a GPU, the `*_cpp.py` ones
+on a CPU) goes into a replay file, and `kernelsearch run --generator replay:FILE --no-early-stop` judges them
+all, end to end (Ray, the oracle pool, the run store), with an empty build cache, baseline cache and
+precompiled-header folder. The sizes are the dataset's, fitted to the device as a run fits them (the
+default `--max-input-mb`). Reported from the run's `samples.jsonl`: candidates a minute over the run's wall
+time, each verdict's device seconds by phase (p50/p95 of their sum), builds, and whether each verdict is the
+one its file's first line expects.
 
-Plain: the first N of the same candidates evaluated one after another in one process the way simple
-harnesses do it: `load_inline` builds each as written into an empty folder, one output is compared with
-the reference, then 100 calls are timed with CUDA events (wall clock on a CPU). Its candidates per minute,
-and the ratio of ours to it, are printed last.
+Peer (`--peer N`): the first N of the same candidates, judged the way KernelBench's own evaluation script
+does it: a 16-process pre-build (each candidate imported once in a pool of spawned processes, building its
+extension into a folder of its own), then one candidate after another, each in a freshly spawned process:
+reference and candidate models from the same seed, 5 correctness trials on fresh inputs (atol = rtol = 1e-2),
+then 100 calls timed one by one with CUDA events. Its candidates a minute, and ours over it, are printed.
+The same N candidates are also counted from our run, so the ratio compares equal work.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
-from tasks import Selection, load_tasks  # noqa: E402
-
 DATA = [ROOT.parent / ".shared" / "kernelbench" / "kernelbench_levels1-3.jsonl",
         ROOT.parent.parent / "shared" / "kernelbench" / "kernelbench_levels1-3.jsonl"]
 
-PLAIN_HARNESS = r"""
-import json, os, runpy, sys, tempfile, time
-import torch
-jobs = json.load(open(sys.argv[1]))
-dev = jobs["device"]
-out = []
-for job in jobs["items"]:
+PEER = r'''
+import json, multiprocessing as mp, os, runpy, sys, time, traceback
+
+def build(job):
+    os.environ["TORCH_EXTENSIONS_DIR"] = job["ext_dir"]
     t0 = time.perf_counter()
-    row = {"candidate": job["name"]}
     try:
+        runpy.run_path(job["path"], run_name="candidate")
+        return {"name": job["name"], "build_s": time.perf_counter() - t0}
+    except BaseException as exc:
+        return {"name": job["name"], "build_s": time.perf_counter() - t0, "error": f"{type(exc).__name__}: {exc}"[:200]}
+
+def evaluate(job, queue):
+    import torch
+    row = {"name": job["name"]}
+    try:
+        os.environ["TORCH_EXTENSIONS_DIR"] = job["ext_dir"]
         ns = {}
         exec(compile(job["task_code"], "task", "exec"), ns)
+        init = ns["get_init_inputs"]()
         torch.manual_seed(42)
-        ref = ns["Model"](*ns["get_init_inputs"]()).to(dev)
-        os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="plain-ext-")
-        tb = time.perf_counter()
-        cand_ns = runpy.run_path(job["path"], run_name="candidate")
-        row["build_s"] = time.perf_counter() - tb
+        ref = ns["Model"](*init).cuda()
+        cand = runpy.run_path(job["path"], run_name="candidate")
         torch.manual_seed(42)
-        new = cand_ns["ModelNew"](*ns["get_init_inputs"]()).to(dev)
-        torch.manual_seed(0)
-        inputs = [x.to(dev) if isinstance(x, torch.Tensor) else x for x in ns["get_inputs"]()]
+        new = cand["ModelNew"](*init).cuda()
+        ok = True
         with torch.no_grad():
-            expected, got = ref(*inputs), new(*inputs)
-            row["correct"] = bool(torch.allclose(expected, got, atol=1e-2, rtol=1e-2))
-            if dev == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize(); start.record()
+            for trial in range(5):
+                torch.manual_seed(trial)
+                inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in ns["get_inputs"]()]
+                expected, got = ref(*inputs), new(*inputs)
+                torch.cuda.synchronize()
+                if got.shape != expected.shape or not torch.allclose(expected, got, atol=1e-2, rtol=1e-2):
+                    ok = False
+                    break
+            row["correct"] = ok
+            if ok:
+                times = []
                 for _ in range(100):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
                     new(*inputs)
-                end.record(); torch.cuda.synchronize()
-                row["time_ms"] = start.elapsed_time(end) / 100
-            else:
-                tt = time.perf_counter()
-                for _ in range(100):
-                    new(*inputs)
-                row["time_ms"] = (time.perf_counter() - tt) * 10
+                    end.record()
+                    torch.cuda.synchronize()
+                    times.append(start.elapsed_time(end))
+                row["time_ms"] = sorted(times)[50]
     except BaseException as exc:
         row["error"] = f"{type(exc).__name__}: {exc}"[:200]
-    row["seconds"] = time.perf_counter() - t0
-    out.append(row)
-    print(json.dumps(row), flush=True)
-"""
+    queue.put(row)
+
+if __name__ == "__main__":
+    jobs = json.load(open(sys.argv[1]))
+    ctx = mp.get_context("spawn")
+    t0 = time.perf_counter()
+    with ctx.Pool(16) as pool:
+        builds = pool.map(build, jobs)
+    prebuild_s = time.perf_counter() - t0
+    rows = []
+    for job in jobs:
+        t1 = time.perf_counter()
+        queue = ctx.Queue()
+        p = ctx.Process(target=evaluate, args=(job, queue))
+        p.start()
+        p.join(300)
+        row = queue.get() if not queue.empty() else {"name": job["name"], "error": f"exit {p.exitcode}"}
+        row["seconds"] = time.perf_counter() - t1
+        rows.append(row)
+    print(json.dumps({"prebuild_s": prebuild_s, "builds": builds, "rows": rows}))
+'''
+
+
+def expected_status(path: Path) -> str:
+    m = re.match(r"#\s*expected verdict:\s*([\w/]+)", path.read_text().splitlines()[0])
+    return m.group(1) if m else "?"
 
 
 def candidate_files(device: str) -> list[tuple[str, Path]]:
@@ -95,138 +125,144 @@ def candidate_files(device: str) -> list[tuple[str, Path]]:
     return out
 
 
-class GpuSampler:
-    """nvidia-smi's utilization.gpu every 0.5 s, in a thread, until stopped."""
-
-    def __init__(self) -> None:
-        self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-                                     capture_output=True, text=True, timeout=5).stdout
-                self.samples.append(statistics.mean(float(x) for x in out.split()))
-            except (OSError, subprocess.SubprocessError, ValueError, statistics.StatisticsError):
-                pass
-            self._stop.wait(0.5)
-
-    def __enter__(self) -> "GpuSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
-def pct(values: list[float], q: float) -> float:
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-async def run_ours(tasks: dict, files: list[tuple[str, Path]], device: str, oracles: int) -> dict:
-    import ray
+def cold_env(cache: Path) -> dict[str, str]:
+    return {**os.environ, "KERNELSEARCH_CACHE": str(cache), "KERNELSEARCH_PCH": str(cache / "pch"), "PYTHONUNBUFFERED": "1"}
 
-    from oracle import OracleConfig
-    from oracle.candidate import Candidate
+
+def run_ours(files: list[tuple[str, Path]], source: str, device: str, max_input_mb: float | None, work: Path) -> dict:
+    from oracle.candidate import content_hash
     from oracle.extract import extract
-    from search.pool import OraclePool, PoolSpec
 
-    pool = OraclePool(PoolSpec(device=device, oracles=oracles), OracleConfig(device=device, call_timeout_s=20))
-    await asyncio.gather(*(a.stats.remote() for a in pool.actors))  # actors up before the clock starts
-    jobs = []
-    for task_id, path in files:
-        found = extract(path.read_text(), "auto")
-        if found.source is not None and task_id in tasks:
-            jobs.append((path, tasks[task_id], Candidate.make(task_id, found.source, found.backend or "torch")))
-    done: list[tuple[Path, object, float]] = []
+    replay = work / "corpus.jsonl"
+    expected: dict[str, tuple[str, Path]] = {}
+    per_task: dict[str, int] = {}
+    with replay.open("w") as f:
+        for task_id, path in files:
+            text = path.read_text()
+            found = extract(text, "auto")
+            if found.source is not None:
+                expected[content_hash(found.source)] = (expected_status(path), path)
+            per_task[task_id] = per_task.get(task_id, 0) + 1
+            f.write(json.dumps({"task": task_id, "completion": text}) + "\n")
+    out = work / "run"
+    cmd = [sys.executable, "-m", "search.cli", "run", "--source", source, "--tasks", ",".join(sorted(per_task)),
+           "--generator", f"replay:{replay}", "-n", str(max(per_task.values())), "--no-early-stop",
+           "--device", device, "--out", str(out)]
+    if max_input_mb:
+        cmd += ["--max-input-mb", str(max_input_mb)]
+    print("  " + " ".join(cmd[1:]), flush=True)
     started = time.perf_counter()
-
-    async def one(path, task, candidate):
-        verdict = await pool.evaluate(task, candidate)
-        done.append((path, verdict, time.perf_counter() - started))
-        print(f"  [{len(done)}/{len(jobs)}] {time.perf_counter() - started:6.0f} s  {task.id} {path.stem}: "
-              f"{verdict.status} (build {verdict.build_s or 0:.0f} s) {verdict.message[:80]}", flush=True)
-
-    with GpuSampler() as sampler:
-        await asyncio.gather(*(one(*job) for job in jobs))
+    proc = subprocess.run(cmd, cwd=ROOT.parent, env=cold_env(work / "cache"), capture_output=True, text=True)
     wall = time.perf_counter() - started
-    stats = await pool.stats()
-    for actor in pool.actors:
-        ray.kill(actor)
-    builds = [v.build_s for _, v, _ in done if v.build_s and not v.build_cached]
-    busy_s = sum(s.get("device_busy_s", 0.0) for s in stats)  # anything on the device (checks overlap)
-    alone_s = sum(s.get("device_exclusive_s", 0.0) for s in stats)  # timing, holding the device alone
-    return {"candidates": len(done), "wall_s": wall, "per_min": 60 * len(done) / wall,
-            "build_p50_s": pct(builds, 0.5) if builds else None, "build_p90_s": pct(builds, 0.9) if builds else None,
-            "device_s_per_candidate": busy_s / max(1, len(done)), "timed_alone_s_per_candidate": alone_s / max(1, len(done)),
-            "device_busy": busy_s / (wall * oracles),
-            "gpu_util_mean": statistics.mean(sampler.samples) if sampler.samples else None,
-            "statuses": {s: sum(1 for _, v, _ in done if v.status == s) for s in sorted({v.status for _, v, _ in done})},
-            "verdicts": [{"file": str(p.relative_to(ROOT)), **v.to_json()} for p, v, _ in done]}
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines() if line.strip()] \
+        if (out / "samples.jsonl").exists() else []
+    judged = [r for r in records if r.get("duplicate_of") is None and r.get("hash")]
+    device_s = [sum((r.get("device_s") or {}).values()) for r in judged]
+    phases = {}
+    for r in judged:
+        for k, v in (r.get("device_s") or {}).items():
+            phases.setdefault(k, []).append(v)
+    verdicts = []
+    for r in judged:
+        exp, path = expected.get(r["hash"], ("?", None))
+        verdicts.append({"task": r["task"], "file": str(path.relative_to(ROOT)) if path else None, "expected": exp,
+                         "status": r["status"], "as_expected": r["status"] in exp.split("/"), "message": r["message"][:160],
+                         "device_s": r.get("device_s"), "build_s": r.get("build_s"), "time_ms": r.get("time_ms"),
+                         "speedup_vs_eager": r.get("speedup_vs_eager"), "speedup_vs_compile": r.get("speedup_vs_compile")})
+    builds = [r["build_s"] for r in judged if r.get("build_s")]
+    worker_phases: dict[str, list[float]] = {}
+    for r in judged:  # where a correct candidate's worker spent its time (samples.jsonl keeps the timing details)
+        for k, v in ((r.get("timing") or {}).get("worker_phases") or {}).items():
+            worker_phases.setdefault(re.sub(r"\d+", "N", k), []).append(v)
+    return {"rc": proc.returncode, "stderr_tail": proc.stderr[-3000:], "stdout_tail": proc.stdout[-1500:],
+            "candidates": len(judged), "wall_s": wall, "per_min": 60 * len(judged) / wall if judged else 0.0,
+            "device_s_p50": pct(device_s, 0.5), "device_s_p95": pct(device_s, 0.95),
+            "phases_p50": {k: pct(v, 0.5) for k, v in phases.items()}, "phases_sum": {k: sum(v) for k, v in phases.items()},
+            "worker_phases_p50": {k: pct(v, 0.5) for k, v in worker_phases.items()},
+            "build_p50_s": pct(builds, 0.5), "build_p90_s": pct(builds, 0.9),
+            "as_expected": sum(v["as_expected"] for v in verdicts), "verdicts": verdicts,
+            "recorded_at": [r.get("recorded_at") for r in judged]}
 
 
-def run_plain(tasks: dict, files: list[tuple[str, Path]], device: str, limit: int) -> dict:
-    items = [{"name": f"{tid}/{p.stem}", "path": str(p), "task_code": tasks[tid].code}
-             for tid, p in files if tid in tasks][:limit]
-    with tempfile.TemporaryDirectory() as tmp:
-        spec = Path(tmp) / "jobs.json"
-        spec.write_text(json.dumps({"device": device, "items": items}))
-        started = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-c", PLAIN_HARNESS, str(spec)], capture_output=True, text=True)
-        wall = time.perf_counter() - started
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    for row in rows:
-        print(f"  plain {row['candidate']}: {row.get('error') or ('correct' if row.get('correct') else 'incorrect')} "
-              f"(build {row.get('build_s', 0):.0f} s)", flush=True)
-    return {"candidates": len(rows), "wall_s": wall, "per_min": 60 * len(rows) / wall if rows else None,
-            "build_p50_s": statistics.median(r["build_s"] for r in rows if "build_s" in r) if rows else None,
-            "rows": rows, "stderr_tail": proc.stderr[-2000:] if proc.returncode else ""}
+def run_peer(files: list[tuple[str, Path]], tasks: dict, work: Path) -> dict:
+    jobs = [{"name": f"{tid}/{p.stem}", "path": str(p), "task_code": tasks[tid].code,
+             "ext_dir": str(work / "peer-ext" / f"{i:03d}")} for i, (tid, p) in enumerate(files) if tid in tasks]
+    spec = work / "peer.json"
+    spec.write_text(json.dumps(jobs))
+    script = work / "peer.py"
+    script.write_text(PEER)
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(script), str(spec)], capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    try:
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"error": proc.stderr[-2000:], "wall_s": wall, "candidates": 0, "per_min": 0.0}
+    rows = result["rows"]
+    return {"candidates": len(rows), "wall_s": wall, "per_min": 60 * len(rows) / wall, "prebuild_s": result["prebuild_s"],
+            "eval_s_p50": pct([r["seconds"] for r in rows], 0.5), "rows": rows, "builds": result["builds"]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source", default=next((str(p) for p in DATA if p.exists()), str(DATA[0])))
-    ap.add_argument("--oracles", type=int, default=1, help="GPU oracles (one per GPU)")
-    ap.add_argument("--baseline", type=int, default=6, help="candidates for the one-at-a-time plain harness (0: none)")
+    ap.add_argument("--ours", action="store_true", help="judge the corpus with kernelsearch run")
+    ap.add_argument("--peer", type=int, default=0, help="candidates for the peer-style harness (0: none)")
     ap.add_argument("--limit", type=int, default=None, help="at most this many candidates")
-    ap.add_argument("--max-input-mb", type=float, default=128)
+    ap.add_argument("--max-input-mb", type=float, default=None, help="default: what a run uses (1/32 of the GPU)")
+    ap.add_argument("--work", type=Path, default=None, help="an empty folder for the caches and the run (default: a new one)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
-    import ray
     import torch
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    cache = Path(tempfile.mkdtemp(prefix="ks-throughput-"))
-    os.environ["KERNELSEARCH_CACHE"] = str(cache)  # cold: builds, baselines and the precompiled header
-    os.environ["KERNELSEARCH_PCH"] = str(cache / "pch")
-    files = candidate_files(device)[: args.limit]
-    loaded = load_tasks(args.source, Selection(task_ids=frozenset(t for t, _ in files)), args.max_input_mb)
-    tasks = {t.id: t for t in loaded.tasks}
-    print(f"{len(files)} distinct candidates for {len(tasks)} tasks, device {device}, {os.cpu_count()} cores, "
-          f"{args.oracles} oracle(s), cold cache {cache}", flush=True)
-    ray.init(num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(), include_dashboard=False,
-             runtime_env={"env_vars": {"KERNELSEARCH_CACHE": str(cache), "KERNELSEARCH_PCH": str(cache / "pch")}})
-    ours = asyncio.run(run_ours(tasks, files, device, args.oracles))
-    ray.shutdown()
-    plain = run_plain(tasks, files, device, args.baseline) if args.baseline else None
+    from tasks import Selection, load_tasks
 
-    print(f"\nours: {ours['candidates']} candidates in {ours['wall_s']:.0f} s = {ours['per_min']:.1f} a minute; "
-          f"build p50 {ours['build_p50_s'] or 0:.1f} s, p90 {ours['build_p90_s'] or 0:.1f} s; "
-          f"device {ours['device_s_per_candidate']:.1f} s a candidate (of which timed alone "
-          f"{ours['timed_alone_s_per_candidate']:.1f} s), busy {100 * ours['device_busy']:.0f}% of the run; GPU utilisation {'-' if ours['gpu_util_mean'] is None else '%.0f%%' % ours['gpu_util_mean']}; "
-          f"verdicts {ours['statuses']}")
-    if plain and plain["per_min"]:
-        print(f"plain one-at-a-time: {plain['candidates']} candidates in {plain['wall_s']:.0f} s = "
-              f"{plain['per_min']:.2f} a minute (build p50 {plain['build_p50_s'] or 0:.1f} s)")
-        print(f"ratio ours / plain: {ours['per_min'] / plain['per_min']:.1f}x candidates a minute")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    work = args.work or Path(tempfile.mkdtemp(prefix="ks-throughput-"))
+    work.mkdir(parents=True, exist_ok=True)
+    files = candidate_files(device)[: args.limit]
+    print(f"{len(files)} distinct candidates for {len({t for t, _ in files})} tasks, device {device}, "
+          f"{os.cpu_count()} cores, cold caches under {work}", flush=True)
+    report: dict = {"device": device, "cores": os.cpu_count(), "torch": torch.__version__, "files": len(files)}
+    if args.ours:
+        ours = report["ours"] = run_ours(files, args.source, device, args.max_input_mb, work)
+        for v in ours["verdicts"]:
+            print(f"  {v['task']:55s} {Path(v['file'] or '?').stem:18s} {v['status']:14s}"
+                  f"{'' if v['as_expected'] else ' (expected ' + v['expected'] + ')'} "
+                  f"device {sum((v['device_s'] or {}).values()):.2f} s {v['device_s']}", flush=True)
+        if ours["rc"]:
+            print(ours["stderr_tail"])
+    if args.peer:
+        from tasks.fitting import default_budget_mb
+
+        mb = args.max_input_mb or default_budget_mb(device)  # the sizes `kernelsearch run` fits to
+        loaded = load_tasks(args.source, Selection(task_ids=frozenset(t for t, _ in files)), mb)
+        peer = report["peer"] = run_peer(files[: args.peer], {t.id: t for t in loaded.tasks}, work)
+        if "error" in peer:
+            print("peer failed:", peer["error"])
     if args.out:
-        args.out.write_text(json.dumps({"ours": ours, "plain": plain, "device": device, "cores": os.cpu_count(),
-                                        "torch": torch.__version__}, indent=1))
+        args.out.write_text(json.dumps(report, indent=1, default=str))
+    print()
+    if args.ours:
+        o = report["ours"]
+        print(f"ours: {o['candidates']} candidates in {o['wall_s']:.0f} s = {o['per_min']:.1f} a minute (rc {o['rc']}); "
+              f"device s per candidate p50 {o['device_s_p50']}, p95 {o['device_s_p95']}; by phase p50 {o['phases_p50']}; "
+              f"build p50 {o['build_p50_s']}, p90 {o['build_p90_s']}; verdicts as expected {o['as_expected']}/{o['candidates']}")
+        print(f"worker phases p50 (s): {o['worker_phases_p50']}")
+    if args.peer and report["peer"].get("candidates"):
+        p = report["peer"]
+        print(f"peer: {p['candidates']} candidates in {p['wall_s']:.0f} s = {p['per_min']:.2f} a minute "
+              f"(pre-build {p['prebuild_s']:.0f} s, evaluation p50 {p['eval_s_p50']:.1f} s a candidate)")
+        if args.ours and report["ours"]["per_min"]:
+            print(f"ratio ours / peer: {report['ours']['per_min'] / p['per_min']:.1f}x candidates a minute")
 
 
 if __name__ == "__main__":

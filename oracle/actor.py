@@ -87,6 +87,9 @@ class OracleActor:
                 verdict = await asyncio.to_thread(self.oracle.check_and_time, task, candidate, build, quiet, fresh_baseline)
             finally:
                 self.busy["timing"] -= 1
+        # Out of the device slot: a correct verdict may wait for the task's torch.compile baseline, which is
+        # measured in the background while other candidates use the device.
+        verdict = await asyncio.to_thread(self.oracle.add_compile_baseline, task, verdict)
         return verdict.to_json()
 
     def _quiet(self, loop: asyncio.AbstractEventLoop):
@@ -113,7 +116,8 @@ class OracleActor:
         await getattr(self.gate, name).remote(self.gate_key, self.holder)
 
     def stats(self) -> dict[str, Any]:
-        lock = self.oracle.device_lock
+        lock = self.oracle.quiet.lock
         return {**self.busy, "device_busy_s": lock.busy_now(), "device_exclusive_s": lock.exclusive_s,
+                "device_phases_s": dict(self.oracle.device_s),
                 "device_slots": self.oracle.config.device_slots, "build_s": self.build_s,
                 "alive_s": time.time() - self.started, "pid": os.getpid()}

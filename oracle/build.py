@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_CACHE = Path(os.environ.get("KERNELSEARCH_CACHE", Path.home() / ".cache" / "kernelsearch"))
+from oracle.paths import DEFAULT_CACHE
+
 BUILD_FLAGS = {"cflags": ["-O3"], "cuda_cflags": ["-O3"]}
 
 
@@ -270,3 +271,88 @@ def _as_list(value: Any) -> list[str]:
 def _safe_name(name: str) -> str:
     cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
     return cleaned if cleaned and not cleaned[0].isdigit() else f"ext_{cleaned}"
+
+
+# ---------------------------------------------------------------- the candidate build cache (trusted side)
+
+
+@dataclass
+class BuildOutcome:
+    key: str
+    key_dir: Path
+    ok: bool
+    cached: bool
+    build_s: float
+    status: str | None = None  # a final verdict status when the build decided it (compile_error, timeout, ...)
+    message: str = ""
+    pch_used: bool = False  # the C++ half used a precompiled header
+    light_include: bool | None = None  # CUDA sources built against torch/types.h (None: not applicable)
+
+
+# Per file a build worker writes (the extension's .so, the compiler's files): room enough, not a full disk.
+BUILD_FILE_CAP = 2 * 1024**3
+
+
+class CandidateBuilds:
+    """Builds each candidate once, in a worker with the device hidden, and remembers the outcome on disk
+    (`<cache>/builds/candidates/<key>/ok.json` or `failed.json`), across runs too."""
+
+    def __init__(self, root: Path, gpu_arch: str | None, pch: Path | None, timeout_s: float, quiet) -> None:
+        self.root = root
+        self.gpu_arch = gpu_arch
+        self.pch = pch
+        self.timeout_s = timeout_s
+        self.quiet = quiet  # oracle.device_quiet.QuietDevice: builds are stopped while a CPU is timed
+
+    def build(self, source: str, backend: str) -> BuildOutcome:
+        from oracle import harness  # the worker's side imports this module
+        from oracle.pch import PchSpec, request_header
+        from oracle.protocol import BuildJob, BuildResult
+        from oracle.sandbox import Worker, run_to_result
+
+        key = build_key(source, backend, self.gpu_arch)
+        key_dir = self.root / "candidates" / key
+        ok_file, failed_file = key_dir / "ok.json", key_dir / "failed.json"
+        if ok_file.exists():
+            return BuildOutcome(key, key_dir, True, True, 0.0)
+        if failed_file.exists():
+            data = json.loads(failed_file.read_text())
+            return BuildOutcome(key, key_dir, False, True, 0.0, "compile_error", data["message"])
+        if backend not in ("cuda", "cpp"):
+            return BuildOutcome(key, key_dir, True, False, 0.0)  # nothing to compile ahead of the run
+        key_dir.mkdir(parents=True, exist_ok=True)
+        job = BuildJob(cache=str(self.root), gpu_arch=self.gpu_arch, candidate_path="candidate.py",
+                       pch=str(self.pch) if self.pch else None, backend=backend, build_timeout_s=self.timeout_s,
+                       max_file_bytes=BUILD_FILE_CAP)
+        # CUDA hidden: a build slot compiles only, the GPU stays with the device slots.
+        worker = Worker(harness.build_entry, job.to_json(), {"candidate.py": source}, env={"CUDA_VISIBLE_DEVICES": ""})
+        with self.quiet.building(worker):
+            outcome = run_to_result(worker)
+        if outcome.timed_out_phase:
+            return BuildOutcome(key, key_dir, False, False, outcome.elapsed_s, "timeout",
+                                f"building took longer than {self.timeout_s:.0f} s")
+        try:
+            r = BuildResult.from_json(outcome.result)
+        except ValueError:
+            return BuildOutcome(key, key_dir, False, False, outcome.elapsed_s, "runtime_error",
+                                f"the build worker {outcome.crashed or 'sent no result'}: {last_line(outcome.stderr_tail)}")
+        if self.pch is not None and r.error_kind is None:  # flags that built: worth a header
+            for wanted in r.pch_wanted:  # made beside the search, for the builds after this one
+                maker = request_header(self.pch, PchSpec.from_json(wanted))
+                if maker is not None:
+                    self.quiet.header_maker(maker)
+        if r.error_kind == "compile":
+            failed_file.write_text(json.dumps({"message": r.message, "build_s": r.build_s}))
+            return BuildOutcome(key, key_dir, False, False, r.build_s, "compile_error", r.message)
+        if r.error_kind is None:
+            ok_file.write_text(json.dumps({"build_s": r.build_s, "extensions": r.extensions, "pch_used": r.pch_used,
+                                           "light_include": r.light_include}))
+        # An import error that is not the compiler's is left to the run, which imports with the device present.
+        return BuildOutcome(key, key_dir, True, not r.compiled, r.build_s, pch_used=r.pch_used,
+                            light_include=r.light_include)
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of a worker's stderr, for a one-line message."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "no output"

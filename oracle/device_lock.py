@@ -4,6 +4,11 @@ Checking a candidate (import, six calls, comparisons) takes seconds and needs no
 does. So several candidates may be checked at once (`shared`), while timing (`exclusive`) waits until no
 check is running and keeps new ones out until it is done. A waiting timer goes before new checks, so timing
 never starves behind a stream of checks.
+
+Given a machine-wide lock (`oracle.gpu_lock.TimingLock`), the same rule holds across processes: a check
+also takes the machine lock's shared side and a timing its exclusive side, after this process's own
+admission. A timer that waits for another process keeps this process's new checks out meanwhile, so the
+other's timing is not disturbed by them either.
 """
 
 from __future__ import annotations
@@ -11,41 +16,59 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from oracle.gpu_lock import TimingLock
 
 
 class DeviceLock:
-    def __init__(self) -> None:
+    def __init__(self, machine: TimingLock | None = None) -> None:
+        self.machine = machine
         self._cond = threading.Condition()
-        self._shared = 0
+        self._shared = 0  # checks admitted here (some may still wait for the machine lock)
         self._exclusive = False
         self._waiting = 0  # timers waiting for their turn
+        self._active = 0  # holders past the machine lock too: what counts as busy
         self._active_since: float | None = None
         self.busy_s = 0.0  # seconds during which anything held the device (shared or exclusive)
         self.exclusive_s = 0.0  # of which timing alone
+        self.machine_wait_s = 0.0  # seconds timers waited for other processes (the machine lock)
 
     def _enter(self) -> None:
-        if self._shared == 0 and not self._exclusive:
-            self._active_since = time.perf_counter()
+        with self._cond:
+            if self._active == 0:
+                self._active_since = time.perf_counter()
+            self._active += 1
 
     def _leave(self) -> None:
-        if self._shared == 0 and not self._exclusive and self._active_since is not None:
-            self.busy_s += time.perf_counter() - self._active_since
-            self._active_since = None
+        with self._cond:
+            self._active -= 1
+            if self._active == 0 and self._active_since is not None:
+                self.busy_s += time.perf_counter() - self._active_since
+                self._active_since = None
+
+    def _machine(self, exclusive: bool) -> contextlib.AbstractContextManager:
+        if self.machine is None:
+            return contextlib.nullcontext()
+        return self.machine.held() if exclusive else self.machine.checking()
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
         with self._cond:
             while self._exclusive or self._waiting:
                 self._cond.wait()
-            self._enter()
             self._shared += 1
         try:
-            yield
+            with self._machine(exclusive=False):
+                self._enter()
+                try:
+                    yield
+                finally:
+                    self._leave()
         finally:
             with self._cond:
                 self._shared -= 1
-                self._leave()
                 self._cond.notify_all()
 
     @contextlib.contextmanager
@@ -55,16 +78,21 @@ class DeviceLock:
             while self._exclusive or self._shared:
                 self._cond.wait()
             self._waiting -= 1
-            self._enter()
             self._exclusive = True
-        started = time.perf_counter()
         try:
-            yield
+            with self._machine(exclusive=True) as hold:
+                if hold is not None:
+                    self.machine_wait_s += hold.waited_s
+                self._enter()
+                started = time.perf_counter()
+                try:
+                    yield
+                finally:
+                    self.exclusive_s += time.perf_counter() - started
+                    self._leave()
         finally:
             with self._cond:
-                self.exclusive_s += time.perf_counter() - started
                 self._exclusive = False
-                self._leave()
                 self._cond.notify_all()
 
     def busy_now(self) -> float:

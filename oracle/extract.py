@@ -499,8 +499,8 @@ def _backend_from_text(source: str) -> str:
 
 
 def detect_backend(source: str) -> str:
-    """One of BACKENDS: how the oracle must build and check this module (docs/oracle.md, Build and
-    Correctness)."""
+    """One of BACKENDS: how the oracle must build and check this module (docs/oracle.md, Build and Own
+    kernel)."""
     tree = _parse(source)
     if isinstance(tree, ast.Module):
         return _backend_from_ast(tree, source)

@@ -1,9 +1,10 @@
-"""What runs inside a worker process: build, check and time a candidate, or compute a reference.
+"""What runs inside a worker process: build a candidate, or check and time it.
 
 Each entry point is started in a fresh process forked from a server that has imported torch but not
-touched CUDA (see `oracle.sandbox`). The candidate's outputs are written as tensor files for the trusted
-side to compare; expected outputs never exist in a candidate's process (spec rule 2). A reference worker
-runs only the task's own code, never a candidate's.
+touched CUDA (see `oracle.sandbox`). The candidate's outputs are handed to the trusted reference process
+where they are, in device memory (`oracle.shared_tensors`), and compared there; expected outputs never
+exist in a candidate's process. The helpers that make a task's inputs and model are shared with the
+trusted side (`oracle.reference_server`), so both sides see the same inputs for the same seed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import torch
 
 from oracle import floor, timing  # binds the clock and CUDA functions before any candidate code runs
 from oracle.build import BuildFailed, BuildRecord, install_build_hooks
-from oracle.protocol import receive, send
+from oracle.protocol import BuildResult, CandidateJob, Case, Checked, OutputsReady, WorkerResult, receive, send
+from oracle.shared_tensors import export_tensor
 from tasks.runtime import TaskModule, exec_task_code, one_line, tensors_in
 
 MAX_FILE_BYTES = 8 * 1024**3  # default: a worker that writes a file larger than this is killed (SIGXFSZ)
@@ -94,9 +96,9 @@ def build_entry(conn: Connection, job_dir: str) -> None:
         error_kind, message = "compile", str(exc)
     except BaseException as exc:  # noqa: BLE001 - SystemExit too: the candidate's import is foreign code
         error_kind, message = "import", one_line(exc)
-    send(conn, result={"extensions": record.extensions, "build_s": record.build_s, "compiled": record.compiled,
-                       "error_kind": error_kind, "message": message, "pch_used": record.pch_used,
-                       "pch_wanted": record.pch_wanted, "light_include": record.light_include})
+    send(conn, result=BuildResult(extensions=record.extensions, build_s=record.build_s, compiled=record.compiled,
+                                  error_kind=error_kind, message=message, pch_used=record.pch_used,
+                                  pch_wanted=record.pch_wanted, light_include=record.light_include))
 
 
 def _import_candidate(path: str, backend: str | None) -> Any:
@@ -140,8 +142,11 @@ def _install_triton_counter() -> None:
 
 
 def _seeded_inputs(module: TaskModule, seed: int, device: str) -> list[Any]:
+    """The task's inputs for `seed`, made on the device itself: a GB of random numbers takes milliseconds
+    there and seconds on the host. The same seed gives the same inputs in every process."""
     torch.manual_seed(seed)
-    inputs = module.get_inputs()
+    with torch.device(device):
+        inputs = module.get_inputs()
     return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
@@ -154,12 +159,14 @@ def _flat_outputs(out: Any) -> list[Any]:
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def _save_outputs(outputs: list[Any], path: Path) -> None:
-    torch.save([t.detach().to("cpu").contiguous() if isinstance(t, torch.Tensor) else None for t in outputs], path)
-
-
 def _profile_call(fn, inputs: list[Any], device: str) -> tuple[list[str], list[str]]:
-    """Operator names (`aten::relu`) and GPU kernel names seen during one call.
+    ops, kernels, _ = _profile_call_timed(fn, inputs, device)
+    return ops, kernels
+
+
+def _profile_call_timed(fn, inputs: list[Any], device: str) -> tuple[list[str], list[str], float | None]:
+    """Operator names (`aten::relu`) and GPU kernel names seen during one call, and the GPU time of its
+    kernels (ms; None on a CPU): against the timed median, how busy the GPU is during a call.
 
     Operators are caught at the dispatcher, so calls made from inside a C++ extension count too.
     Kernel names come from the profiler, which is slow to start, so only on a GPU.
@@ -177,85 +184,65 @@ def _profile_call(fn, inputs: list[Any], device: str) -> tuple[list[str], list[s
         fn(*inputs)
     timing.sync(device)
     kernels: set[str] = set()
+    kernel_ms: float | None = None
     if device == "cuda":
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn(*inputs)
             timing.sync(device)
-        kernels = {e.name for e in prof.events() if "cuda" in str(getattr(e, "device_type", "")).lower()}
-    return sorted(ops), sorted(kernels)
-
-
-# ---------------------------------------------------------------- reference (trusted code only)
-
-
-def reference_entry(conn: Connection, job_dir: str) -> None:
-    job = _enter_worker(Path(job_dir))
-    device = job["device"]
-    try:
-        _device_setup(device)
-        result = _run_reference(conn, job, Path(job_dir))
-    except BaseException as exc:  # noqa: BLE001 - report, the oracle decides
-        result = {"error": one_line(exc), "traceback": traceback.format_exc()[-2000:]}
-    send(conn, result=result)
-
-
-def _run_reference(conn: Connection, job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
-    device = job["device"]
-    modules = [exec_task_code(code, job["task_id"]) for code in job["codes"]]
-    models = [_reference_model(m, job["init_seed"], device) for m in modules]
-    with torch.no_grad():
-        for i, case in enumerate(job["cases"]):
-            send(conn, phase=f"reference call {i}", deadline_s=job["call_timeout_s"])
-            out = models[case["code"]](*_seeded_inputs(modules[case["code"]], case["seed"], device))
-            timing.sync(device)
-            _save_outputs(_flat_outputs(out), job_dir / f"ref_{i}.pt")
-        inputs0 = _seeded_inputs(modules[0], job["cases"][0]["seed"], device)
-        ops, kernels = _profile_call(models[0], inputs0, device)
-        result: dict[str, Any] = {"ops": ops, "kernels": kernels}
-        # The physical floor (rule 14), from the reference's FLOPs and the bytes it must move.
-        try:
-            result["floor"] = floor.measure(models[0], inputs0, device).__dict__
-        except Exception as exc:  # noqa: BLE001 - a floor we cannot count is no floor, not a failure
-            result["floor_error"] = one_line(exc)
-        # Expected outputs of the timing input sets: the outputs of timed calls are checked too.
-        sets = [_seeded_inputs(modules[0], s, device) for s in job["timing_seeds"]]
-        for k, inputs in enumerate(sets):
-            send(conn, phase=f"reference timing set {k}", deadline_s=job["call_timeout_s"])
-            out = models[0](*inputs)
-            timing.sync(device)
-            _save_outputs(_flat_outputs(out), job_dir / f"tref_{k}.pt")
-        if job.get("time"):
-            params = timing.TimingParams(**job["timing"])
-            send(conn, phase="timing eager", deadline_s=job["time_timeout_s"])
-            result["eager"] = timing.time_calls(models[0], sets, device, params).to_json()
-            n = timing.block_calls(result["eager"]["median_ms"], params.wall_calls)
-            result["eager"]["block_calls"] = n
-            _clocked_block(conn, models[0], sets, device, n)
-            if job.get("compile"):
-                send(conn, phase="timing torch.compile", deadline_s=job["compile_timeout_s"])
-                try:
-                    compiled = torch.compile(models[0])
-                    result["compile"] = timing.time_calls(compiled, sets, device, params).to_json()
-                except Exception as exc:  # noqa: BLE001 - a task torch.compile cannot handle
-                    result["compile_error"] = one_line(exc)
-    return result
+        on_gpu = [e for e in prof.events() if "cuda" in str(getattr(e, "device_type", "")).lower()]
+        kernels = {e.name for e in on_gpu}
+        kernel_ms = sum(e.time_range.elapsed_us() for e in on_gpu) / 1e3
+    return sorted(ops), sorted(kernels), kernel_ms
 
 
 # ---------------------------------------------------------------- candidate (untrusted)
 
 
 def candidate_entry(conn: Connection, job_dir: str) -> None:
-    job = _enter_worker(Path(job_dir))
+    job = CandidateJob.from_json(_enter_worker(Path(job_dir)))
     try:
-        _device_setup(job["device"])
-        result = _run_candidate(conn, job, Path(job_dir))
+        _device_setup(job.device)
+        result = _run_candidate(conn, job)
     except BuildFailed as exc:
-        result = {"status": "compile_error", "message": str(exc)}
+        result = WorkerResult("compile_error", str(exc))
+    except _Refused:
+        return  # the trusted side refused an output and ends this worker
     except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt included
-        result = {"status": "runtime_error", "message": _exception_message(exc)}
+        result = WorkerResult("runtime_error", _exception_message(exc))
     send(conn, result=result)
+
+
+class _Refused(Exception):
+    """The trusted side did not answer `go` to shared outputs."""
+
+
+class _Sharer:
+    """Hands outputs to the trusted side where they are, and waits until it has read them."""
+
+    def __init__(self, conn: Connection, share_dir: str | None) -> None:
+        self.conn = conn
+        self.share_dir = Path(share_dir) if share_dir else None
+        self.count = 0
+
+    def __call__(self, kind: str, index: int, outputs: list[Any]) -> None:
+        descs, files = [], []
+        for t in outputs:
+            if not isinstance(t, torch.Tensor):
+                descs.append(None)
+                continue
+            shared = export_tensor(t, self.share_dir, self.count)
+            self.count += 1
+            descs.append(shared.to_json())
+            if shared.file:
+                files.append(self.share_dir / shared.file)  # type: ignore[operator]
+        send(self.conn, outputs=OutputsReady(kind, index, descs))
+        command = receive(self.conn)
+        for f in files:
+            f.unlink(missing_ok=True)
+        if command.get("cmd") != "go":
+            raise _Refused()
 
 
 def _exception_message(exc: BaseException) -> str:
@@ -341,13 +328,13 @@ class _Keeper:
         (self.block if self.in_block else self.timed)(index, out)
 
 
-def _save_kept(kept: dict[int, Any], prefix: str, job_dir: Path) -> str | None:
+def _share_kept(kept: dict[int, Any], kind: str, share) -> str | None:
     for k, out in kept.items():
         outputs = _flat_outputs(out)
         bad = [type(t).__name__ for t in outputs if type(t) is not torch.Tensor]
         if bad:
             return f"forward returned {', '.join(bad)} while being timed, expected plain torch.Tensor output(s)"
-        _save_outputs(outputs, job_dir / f"{prefix}_{k}.pt")
+        share(kind, k, outputs)
     return None
 
 
@@ -371,21 +358,21 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)) if a.is_floating_point() else torch.equal(a, b))
 
 
-def _run_candidate(conn: Connection, job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
-    device = job["device"]
+def _run_candidate(conn: Connection, job: CandidateJob) -> WorkerResult:
+    device = job.device
     record = BuildRecord()
-    install_build_hooks(Path(job["cache"]), job.get("gpu_arch"), record, Path(job["pch"]) if job.get("pch") else None)
-    send(conn, phase="import", deadline_s=job["import_timeout_s"])
-    module = _import_candidate(job["candidate_path"], job.get("backend"))
+    install_build_hooks(Path(job.cache), job.gpu_arch, record, Path(job.pch) if job.pch else None)
+    send(conn, phase="import", deadline_s=job.import_timeout_s)
+    module = _import_candidate(job.candidate_path, job.backend)
     model_cls = getattr(module, "ModelNew", None)
     if not isinstance(model_cls, type) or not issubclass(model_cls, torch.nn.Module):
-        return {"status": "runtime_error", "message": "the module defines no ModelNew(nn.Module) class"}
+        return WorkerResult("runtime_error", "the module defines no ModelNew(nn.Module) class")
 
-    modules = [exec_task_code(code, job["task_id"]) for code in job["codes"]]
+    modules = [exec_task_code(code, job.task_id) for code in job.codes]
     models: list[torch.nn.Module] = []
     for m in modules:
-        reference_state = _reference_model(m, job["init_seed"], "cpu").state_dict()
-        torch.manual_seed(job["init_seed"])
+        reference_state = _reference_model(m, job.init_seed, "cpu").state_dict()
+        torch.manual_seed(job.init_seed)
         candidate = model_cls(*m.get_init_inputs())
         own = candidate.state_dict()
         matching = {k: v for k, v in reference_state.items() if k in own and own[k].shape == v.shape}
@@ -393,69 +380,74 @@ def _run_candidate(conn: Connection, job: dict[str, Any], job_dir: Path) -> dict
         models.append(candidate.to(device))
     param_snapshots = [[p.detach().clone() for p in m.state_dict().values()] for m in models]
 
-    flags: list[str] = []
+    share = _Sharer(conn, job.share_dir)
     first_outputs: list[Any] | None = None
     calls_before = sum(record.calls.values()) + TRITON_LAUNCHES["count"]
     live: dict[int, list[Any]] = {}  # per task size: the input tensors of the previous check
     with torch.no_grad():
-        for i, case in enumerate(job["cases"]):
-            inputs = _seeded_inputs(modules[case["code"]], case["seed"], device)
+        for i, case in enumerate(Case.from_json(c) for c in job.cases):
+            inputs = _seeded_inputs(modules[case.code], case.seed, device)
             # From the second check on, new values are written into the same input tensors: a candidate
             # that caches results by input address (or shape) returns the stale ones and fails.
-            previous = live.get(case["code"])
+            previous = live.get(case.code)
             if previous is not None and _same_layout(previous, inputs):
                 for old, new in zip(tensors_in(previous), tensors_in(inputs)):
                     old.copy_(new)
                 inputs = [p if isinstance(p, torch.Tensor) else n for p, n in zip(previous, inputs)]
-            live[case["code"]] = inputs
+            live[case.code] = inputs
             in_tensors = tensors_in(inputs)
             snapshots = [t.detach().clone() for t in in_tensors]
             _poison_allocator(4 * sum(t.numel() * t.element_size() for t in in_tensors), device)
-            send(conn, phase=f"call {i}", deadline_s=job["call_timeout_s"])
-            out = models[case["code"]](*inputs)
+            send(conn, phase=f"call {i}", deadline_s=job.call_timeout_s)
+            out = models[case.code](*inputs)
             timing.sync(device)
             outputs = _flat_outputs(out)
             bad = [type(t).__name__ for t in outputs if type(t) is not torch.Tensor]
             if bad:
-                return {"status": "rejected", "message": f"forward returned {', '.join(bad)}, expected plain torch.Tensor output(s)"}
+                return WorkerResult("rejected", f"forward returned {', '.join(bad)}, expected plain torch.Tensor output(s)")
             if any(t.device.type != torch.device(device).type for t in outputs):
-                return {"status": "incorrect", "message": f"output is on {outputs[0].device}, expected {device}"}
+                return WorkerResult("incorrect", f"output is on {outputs[0].device}, expected {device}")
             params = [p for m in models for p in m.state_dict().values()]
             if _aliases(outputs, in_tensors + params):
-                return {"status": "rejected", "message": "the output shares memory with an input or a parameter; return a new tensor"}
+                return WorkerResult("rejected", "the output shares memory with an input or a parameter; return a new tensor")
             if not all(_same(a, b) for a, b in zip(in_tensors, snapshots)):
-                return {"status": "rejected", "message": "forward modified its input tensors in place; inputs must stay unchanged"}
-            _save_outputs(outputs, job_dir / f"out_{i}.pt")
+                return WorkerResult("rejected", "forward modified its input tensors in place; inputs must stay unchanged")
+            del snapshots
+            share("check", i, outputs)
             if i == 0:
                 first_outputs = outputs
             elif i == 1 and first_outputs is not None:
-                _save_outputs(first_outputs, job_dir / "out_0_after.pt")  # compared by the trusted side
-            send(conn, phase=f"call {i} done", deadline_s=job["call_timeout_s"])
+                share("after", 0, first_outputs)  # an earlier call's outputs must not have changed
+                first_outputs = None
+            send(conn, phase=f"call {i} done", deadline_s=job.call_timeout_s)
         own_calls = sum(record.calls.values()) + TRITON_LAUNCHES["count"] - calls_before
         for m, snaps in zip(models, param_snapshots):
             if not all(_same(a, b) for a, b in zip(m.state_dict().values(), snaps)):
-                return {"status": "rejected", "message": "forward modified the model's parameters or buffers"}
-        case0 = job["cases"][0]
-        inputs0 = _seeded_inputs(modules[case0["code"]], case0["seed"], device)
-        ops, kernels = _profile_call(models[case0["code"]], inputs0, device)
+                return WorkerResult("rejected", "forward modified the model's parameters or buffers")
+        case0 = Case.from_json(job.cases[0])
+        inputs0 = _seeded_inputs(modules[case0.code], case0.seed, device)
+        ops, kernels, kernel_ms = _profile_call_timed(models[case0.code], inputs0, device)
+        del inputs0, live, first_outputs
 
-        send(conn, checked={"own_calls": own_calls, "ops": ops, "kernels": kernels, "extensions": record.extensions,
-                            "compiled_now": record.compiled, "flags": flags})
+        send(conn, checked=Checked(own_calls=own_calls, ops=ops, kernels=kernels, extensions=record.extensions,
+                                   compiled_now=record.compiled, kernel_ms=kernel_ms))
         command = receive(conn)
         if command.get("cmd") != "time":
-            return {"status": "checked"}
-        sets = [_seeded_inputs(modules[0], s, device) for s in job["timing_seeds"]]
-        send(conn, phase="timing", deadline_s=job["time_timeout_s"])
-        params = timing.TimingParams(**job["timing"])
+            return WorkerResult("checked")
+        sets = [_seeded_inputs(modules[0], s, device) for s in job.timing_seeds]
+        send(conn, phase="timing", deadline_s=job.time_timeout_s)
+        params = timing.TimingParams(**job.timing)
         keeper = _Keeper(len(sets))
         result = timing.time_calls(models[0], sets, device, params, keep=keeper)
         keeper.in_block = True
-        _clocked_block(conn, models[0], sets, device, int(job.get("block_calls") or params.wall_calls), keep=keeper)
+        _clocked_block(conn, models[0], sets, device, job.block_calls or params.wall_calls, keep=keeper)
         timing.sync(device)
         if keeper.repeated:
-            return {"status": "rejected", "message": "forward returned the same output memory in two timed calls "
-                    "(a cached or reused result); return a newly computed tensor on every call"}
-        bad = _save_kept(keeper.timed.kept, "timed", job_dir) or _save_kept(keeper.block.kept, "block", job_dir)
+            return WorkerResult("rejected", "forward returned the same output memory in two timed calls "
+                                "(a cached or reused result); return a newly computed tensor on every call")
+        keeper.recent.clear()
+        send(conn, phase="timed outputs", deadline_s=job.call_timeout_s)
+        bad = _share_kept(keeper.timed.kept, "timed", share) or _share_kept(keeper.block.kept, "block", share)
         if bad:
-            return {"status": "rejected", "message": bad}
-    return {"status": "timed", "timing": result.to_json()}
+            return WorkerResult("rejected", bad)
+    return WorkerResult("timed", timing=result.to_json())

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from oracle.paths import DEFAULT_CACHE
+
 HEADER = "torch/extension.h"
 
 
@@ -60,8 +62,6 @@ class PchSpec:
 def default_root() -> Path:
     """`$KERNELSEARCH_PCH`, else `pch/` in the cache folder. Headers depend only on the toolchain, so
     caches of separate runs may share one folder of them (each header is several hundred MB)."""
-    from oracle.build import DEFAULT_CACHE
-
     return Path(os.environ["KERNELSEARCH_PCH"]) if os.environ.get("KERNELSEARCH_PCH") else DEFAULT_CACHE / "pch"
 
 

@@ -1,21 +1,31 @@
-"""Messages between the oracle and its worker processes: JSON over a pipe, never pickle.
+"""Messages between the oracle and its processes: typed records, sent as JSON over a pipe, never pickle.
 
-The worker runs untrusted code, so the trusted side reads only bytes it parses as JSON (unpickling what a
-candidate could write would let it run code in the oracle). Tensors travel as files, loaded with
-`torch.load(weights_only=True)`, which builds plain tensors and nothing else.
+A worker runs untrusted code, so the trusted side reads only bytes it parses as JSON (unpickling what a
+candidate could write would let it run code in the oracle) and turns them into the records below with
+`from_json`, which keeps the known fields only. Output tensors do not travel here: a worker describes where
+they are (`oracle.shared_tensors.SharedTensor`) and the trusted reference process reads them from there.
+
+The envelope of a message is one of: `phase` (the worker names what it does now, with a deadline), `clock`
+(a mark the trusted side times by its own clock), `outputs` (`OutputsReady`), `checked` (`Checked`),
+`result` (the worker's last word: `WorkerResult` or `BuildResult`), and, from the trusted side, `cmd`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TypeVar
 
 MAX_MESSAGE = 16 * 1024 * 1024
 
+T = TypeVar("T", bound="Record")
+
 
 def send(conn: Connection, **message: Any) -> None:
-    conn.send_bytes(json.dumps(message, default=str).encode())
+    conn.send_bytes(json.dumps({k: v.to_json() if isinstance(v, Record) else v for k, v in message.items()},
+                               default=str).encode())
 
 
 def receive(conn: Connection) -> dict[str, Any]:
@@ -25,3 +35,163 @@ def receive(conn: Connection) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise ValueError("worker sent a message that is not a JSON object")
     return message
+
+
+class Record:
+    """A dataclass that crosses a process boundary as a JSON object."""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls: type[T], data: Any) -> T:
+        """The record from a JSON object; unknown keys are dropped, a missing required one is a ValueError."""
+        if not isinstance(data, dict):
+            raise ValueError(f"expected an object for {cls.__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        try:
+            return cls(**{k: v for k, v in data.items() if k in names})
+        except TypeError as exc:
+            raise ValueError(f"malformed {cls.__name__}: {exc}") from None
+
+
+@dataclass
+class Case(Record):
+    """One correctness check: which task code (0: the task's size, 1: the smaller one) and which seed."""
+
+    code: int
+    seed: int
+
+
+@dataclass
+class BuildJob(Record):
+    cache: str
+    gpu_arch: str | None
+    candidate_path: str
+    pch: str | None
+    backend: str
+    build_timeout_s: float
+    max_file_bytes: int
+
+
+@dataclass
+class BuildResult(Record):
+    extensions: list[str]
+    build_s: float
+    compiled: bool
+    error_kind: str | None  # None, "compile" or "import"
+    message: str = ""
+    pch_used: bool = False
+    pch_wanted: list[dict[str, Any]] = field(default_factory=list)
+    light_include: bool | None = None
+
+
+@dataclass
+class CandidateJob(Record):
+    device: str
+    task_id: str
+    codes: list[str]
+    init_seed: int
+    cases: list[dict[str, int]]  # Case.to_json() each
+    timing_seeds: list[int]
+    timing: dict[str, Any]  # TimingParams fields
+    cache: str
+    gpu_arch: str | None
+    candidate_path: str
+    pch: str | None
+    backend: str
+    import_timeout_s: float
+    call_timeout_s: float
+    time_timeout_s: float
+    threads: int
+    block_calls: int
+    max_file_bytes: int
+    share_dir: str | None  # CPU: where outputs are written for the trusted side (a memory-backed folder)
+
+
+@dataclass
+class OutputsReady(Record):
+    """The worker's outputs of one call are ready to be read (the worker waits for `cmd: go`).
+    kind: `check` (check `index`), `after` (check 0's outputs again, after check 1 ran), `timed` or `block`
+    (one sampled output of timing input set `index`, from the event-timed calls or the clocked block)."""
+
+    kind: str
+    index: int
+    tensors: list[dict[str, Any] | None]  # SharedTensor.to_json(), None for an output that is not a tensor
+
+
+@dataclass
+class Checked(Record):
+    """What the worker saw while checking: for the own-kernel rule and the launch-bound flag."""
+
+    own_calls: int
+    ops: list[str]
+    kernels: list[str]
+    extensions: list[str]
+    compiled_now: bool
+    kernel_ms: float | None = None  # GPU time of the kernels of one profiled call (None on a CPU)
+    flags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class WorkerResult(Record):
+    """A candidate worker's last message: `timed` with its timing, or a failure it found itself."""
+
+    status: str
+    message: str = ""
+    timing: dict[str, Any] | None = None
+
+
+# ---------------------------------------------------------------- the trusted reference process
+
+
+@dataclass
+class PrepareTask(Record):
+    """Compute and keep a task's reference outputs (every check and timing input set) on the device."""
+
+    key: str
+    task_id: str
+    codes: list[str]
+    cases: list[dict[str, int]]
+    timing_seeds: list[int]
+    init_seed: int
+    call_timeout_s: float
+
+
+@dataclass
+class Prepared(Record):
+    ops: list[str]
+    kernels: list[str]
+    floor: dict[str, Any] | None
+    constant: bool  # every check's reference output is one repeated value
+    output_bytes: int  # of one call's outputs at the task's size
+    input_bytes: int  # of one call's inputs at the task's size
+    reference_s: float  # seconds spent computing it (0 when it was kept from before)
+    error: str | None = None
+
+
+@dataclass
+class TimeEager(Record):
+    key: str
+    timing: dict[str, Any]
+    wall_calls: int
+    deadline_s: float
+
+
+@dataclass
+class Compare(Record):
+    """Compare outputs a worker shared with the task's reference (`OutputsReady` fields, and the session)."""
+
+    session: int
+    kind: str
+    index: int
+    tensors: list[dict[str, Any] | None]
+    share_dir: str | None
+
+
+@dataclass
+class Compared(Record):
+    ok: bool
+    message: str = ""
+    max_abs_diff: float = 0.0
+    seconds: float = 0.0

@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from oracle.cores import Placement
 from oracle.protocol import receive, send
 
 ENV_ALLOWED = (
@@ -117,7 +118,9 @@ class Worker:
     """One worker process, driven message by message by the trusted side."""
 
     def __init__(self, entry: Callable[[Connection, str], None], job: dict[str, Any], files: dict[str, str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, placement: Placement | None = None) -> None:
+        """`placement`: the cores and niceness the worker runs with (`oracle.cores`), set in it before the
+        entry runs; everything it starts (ninja, nvcc, cc1plus) inherits them."""
         self.dir = Path(tempfile.mkdtemp(prefix="ks-worker-"))
         os.chmod(self.dir, 0o700)
         for name, text in (files or {}).items():
@@ -128,7 +131,8 @@ class Worker:
         # A marker that the worker's children inherit: close() finds and kills those that left its process group.
         self.marker = secrets.token_hex(8)
         worker_env = {**scrubbed_environment(), **(env or {}), MARKER_VARIABLE: self.marker}
-        self.process = ctx.Process(target=_run_entry, args=(entry, child_conn, str(self.dir), worker_env), daemon=True)
+        self.process = ctx.Process(target=_run_entry, args=(entry, child_conn, str(self.dir), worker_env, placement),
+                                   daemon=True)
         self.started = time.perf_counter()
         with _without_main_module():
             self.process.start()
@@ -391,9 +395,21 @@ def _drop_root_privileges() -> str:
     return PRIVILEGE_DROP_NOTE
 
 
-def _run_entry(entry: Callable[[Connection, str], None], conn: Connection, job_dir: str, env: dict[str, str]) -> None:
+# What the last `Placement.apply_here` in this process (a worker) could not do; empty when it did all or did
+# not run. As with the privilege drop, a worker never fails because of it.
+PLACEMENT_NOTE = ""
+
+
+def _run_entry(entry: Callable[[Connection, str], None], conn: Connection, job_dir: str, env: dict[str, str],
+               placement: Placement | None = None) -> None:
+    global PLACEMENT_NOTE
     os.environ.clear()
     os.environ.update(env)
+    if placement is not None:  # first, while this process has one thread and no children
+        try:
+            PLACEMENT_NOTE = "; ".join(placement.apply_here())
+        except BaseException as exc:  # noqa: BLE001 - never let the placement stop a worker
+            PLACEMENT_NOTE = f"{type(exc).__name__}: {exc}"
     try:
         _drop_root_privileges()
     except BaseException:  # noqa: BLE001 - never let the drop stop a worker

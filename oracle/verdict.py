@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# What the oracle can say about a candidate.
-STATUSES = ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "unsupported", "no_code")
-# `unsupported`: the candidate could not be judged here (e.g. a Triton kernel where Triton is not installed).
-# It is neither the model's success nor its failure.
+# What the oracle can say about a candidate. `unsupported`: this oracle could not judge it (a CUDA kernel on a
+# CPU oracle, Triton not installed): the machine's limit, neither the model's success nor its failure.
+STATUSES = ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "no_code", "unsupported")
 UNSUPPORTED = "unsupported"
 # A sample whose task stopped before it was judged: a status of sample records, never of a verdict.
 CANCELLED = "cancelled"
@@ -59,6 +58,9 @@ class Verdict:
     sizes: dict[str, Any] = field(default_factory=dict)  # the task's fitted size constants
     sol_ms: float | None = None  # the physical floor: bytes over bandwidth, FLOPs over peak (docs/oracle.md, Timing)
     sol_fraction: float | None = None  # sol_ms / time_ms: how close to the floor (1.0 would be at it)
+    # Device seconds this verdict cost, by phase: reference (the task's reference outputs, when this candidate
+    # was the first of its task), baselines (eager timed), checks, timing.
+    device_s: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -69,8 +71,9 @@ class Verdict:
         return self.status == "correct"
 
     @property
-    def device_s(self) -> float:
-        """Seconds the candidate held the oracle's device: its checks and its timing."""
+    def candidate_device_s(self) -> float:
+        """Seconds the candidate itself held the oracle's device: its checks and its timing (`device_s` also
+        counts what the trusted side did for it there)."""
         return (self.verify_s or 0.0) + (self.time_s or 0.0)
 
     def to_json(self) -> dict[str, Any]:

@@ -168,8 +168,6 @@ def eval_command(
     """Build, verify and time one candidate kernel for one task, and print the verdict."""
     from oracle import Oracle, OracleConfig
     from oracle.candidate import BACKENDS
-    from oracle.extract import candidate_from_completion
-    from oracle.verdict import Verdict
 
     if backend != "auto" and backend not in BACKENDS:
         fail(f"--backend must be auto or one of {', '.join(BACKENDS)}, not '{backend}'")
@@ -183,13 +181,9 @@ def eval_command(
     task = next((t for t in result.tasks if t.id == task_id), None)
     if task is None:
         fail(f"task {task_id} is not in {source} (see `kernelsearch tasks --source {source}`)")
-    found = candidate_from_completion(task, text, backend, dev)  # the way a search takes, too
-    if isinstance(found, Verdict):
-        verdict = found
-    else:
-        oracle = Oracle(OracleConfig(device=dev, allow_torch=allow_torch))
-        with err_console.status(escape(f"evaluating {candidate_file.name} on {task_id} ({dev})..."), spinner="dots"):
-            verdict = oracle.check_and_time(task, found, oracle.build(found))
+    oracle = Oracle(OracleConfig(device=dev, allow_torch=allow_torch))
+    with err_console.status(escape(f"evaluating {candidate_file.name} on {task_id} ({dev})..."), spinner="dots"):
+        verdict = oracle.evaluate(task, text, backend)
     if as_json:
         print(json.dumps(verdict.to_json()))
         return
@@ -344,14 +338,16 @@ def report_command(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run folders (several side by side, e.g. one per strategy).")],
     as_json: opt.Json = False,
     csv: Annotated[Optional[Path], typer.Option("--csv", help="Write per-task rows of every run to this CSV file.")] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw pass@k and fast_1.0@k against k to this PNG.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw pass@k and fast_1.0@k against k to this PNG (with --by: the budget view).")] = None,
+    by: Annotated[Optional[str], typer.Option("--by", help="Also compare runs at equal budget per task: samples, tokens or gpu-seconds.")] = None,
+    compare: Annotated[bool, typer.Option("--compare", help="For each pair of runs, the budget at which one overtakes the other (default --by samples).")] = False,
 ) -> None:
     """Correctness as n grows (pass@k, fast_p@k, expected best speedup) and per-task results, from disk.
     With --json, stdout is the JSON object alone."""
     from search.report import ReportError, report
 
     try:
-        report(run_dirs, console, as_json, csv, plot, notes=err_console)
+        report(run_dirs, console, as_json, csv, plot, by=by, compare=compare, notes=err_console)
     except ReportError as exc:
         fail(str(exc))
 

@@ -97,7 +97,8 @@ class StrategyTools:
         if completion is None:
             entry["error"] = "aborted"
             return ""
-        entry.update(completion=completion.text, tokens=completion.tokens, error=completion.error)
+        entry.update(completion=completion.text, tokens=completion.tokens, generation_s=completion.generation_s,
+                     error=completion.error)
         return completion.text
 
 
@@ -112,8 +113,10 @@ class Controller:
         self.store = store
         self.device = device  # the oracles' device, which verdicts made here (no code) name too
         self.on_record = on_record or (lambda record: None)
-        self.recorded: dict[tuple[str, int, int], SampleRecord] = {r.key: r for r in store.samples()}
+        self.recorded: dict[tuple[str, int], SampleRecord] = {r.key: r for r in store.samples()}  # by slot
         self.oracle_slots = asyncio.Semaphore(pool.capacity)  # no more in flight than the oracles can work on
+        # rounds of one chain build on each other; otherwise every sample starts afresh and is a chain of its own
+        self.chained = not (strategy.shares_prompt(1) or plan.rounds == 1)
 
     # ------------------------------------------------------------ whole run
 
@@ -128,14 +131,14 @@ class Controller:
         state = TaskState(task)
         self._replay_recorded(state)
         plan = self.plan
-        if not state.stopped and any((task.id, r, i) not in self.recorded for r in range(plan.rounds) for i in range(plan.n)):
+        if not state.stopped and any((task.id, i) not in self.recorded for i in range(plan.rounds * plan.n)):
             tools = StrategyTools(self, state, -1, -1)
             try:
                 await self.strategy.prepare(task, tools)
             except Exception as exc:  # noqa: BLE001 - the strategy goes on without what it wanted to prepare
                 tools.steps.append({"step": "prepare", "error": f"{type(exc).__name__}: {exc}"[:500]})
             state.prepare_steps = tools.steps
-        if self.strategy.shares_prompt(1) or self.plan.rounds == 1:
+        if not self.chained:
             await self._independent_samples(state)
         else:
             await asyncio.gather(*(self._chain(state, i) for i in range(self.plan.n)))
@@ -155,7 +158,7 @@ class Controller:
 
     async def _independent_samples(self, state: TaskState) -> None:
         task, plan = state.task, self.plan
-        slots = [(r, i) for r in range(plan.rounds) for i in range(plan.n) if (task.id, r, i) not in self.recorded]
+        slots = [(r, i) for r in range(plan.rounds) for i in range(plan.n) if (task.id, r * plan.n + i) not in self.recorded]
         if not slots or state.stopped:
             return
         tools = StrategyTools(self, state, 0, 0)
@@ -177,13 +180,13 @@ class Controller:
     async def _chain(self, state: TaskState, chain: int) -> None:
         task, plan = state.task, self.plan
         history: list[Attempt] = [
-            r.attempt() for r in sorted((r for r in self.recorded.values() if r.task == task.id and r.chain == chain),
-                                        key=lambda r: r.round)
+            r.attempt() for r in sorted((r for r in self.recorded.values()
+                                         if r.task == task.id and r.sample_index % plan.n == chain), key=lambda r: r.round)
         ]
         for rnd in range(plan.rounds):
             if state.stopped:
                 return
-            if (task.id, rnd, chain) in self.recorded:
+            if (task.id, rnd * plan.n + chain) in self.recorded:
                 continue
             if history and self.stop.ends_chain(history[-1].status, history[-1].speedup_vs_eager):
                 return  # this chain is done: correct and fast enough
@@ -262,14 +265,15 @@ class Controller:
                 verdict: Verdict | None, candidate: Candidate | None, duplicate_of: int | None,
                 agent_steps: list[dict[str, Any]] | None) -> SampleRecord:
         """Record one sample (`verdict` None: cancelled, its task stopped before it was judged)."""
+        index = rnd * self.plan.n + chain
         record = SampleRecord(
-            task=state.task.id, strategy=self.strategy.name, round=rnd, chain=chain,
-            sample_index=rnd * self.plan.n + chain, seed=completion.seed,
+            task=state.task.id, strategy=self.strategy.name, round=rnd, chain=chain if self.chained else index,
+            sample_index=index, seed=completion.seed,
             status=verdict.status if verdict is not None else "cancelled", verdict=verdict, candidate=candidate,
             duplicate_of=duplicate_of, completion=completion.text, tokens_in=completion.prompt_tokens,
             tokens_out=completion.tokens, generation_s=completion.generation_s,
             finish_reason=completion.finish_reason, replica=completion.replica,
-            oracle_device_s=verdict.device_s if verdict is not None and duplicate_of is None else 0.0,
+            oracle_device_s=verdict.candidate_device_s if verdict is not None and duplicate_of is None else 0.0,
             messages=messages, agent_steps=list(agent_steps or []), recorded_at=time.time())
         if verdict is None and not completion.text:
             return record  # nothing generated: a cancelled slot is not a sample

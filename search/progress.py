@@ -197,7 +197,15 @@ class RunProgress:
         queued = sum(int(p.get("queued", 0)) for p in alive)
         text = (f"oracles {len(self.pool)}: on the device {on_device}/{slots}, building {building}, "
                 f"builds queued {queued}")
-        return text + (f", {dead} restarting" if dead else "")
+        text += f", {dead} restarting" if dead else ""
+        # Where the device's time went so far (seconds by phase, all oracles): the check, the timing, and
+        # each task's first reference and eager baseline.
+        phases: dict[str, float] = {}
+        for p in alive:
+            for name, seconds in (p.get("device_phases_s") or {}).items():
+                phases[name] = phases.get(name, 0.0) + float(seconds)
+        shown = [f"{name} {phases[name]:.0f}" for name in ("checks", "timing", "reference", "baselines") if phases.get(name)]
+        return text + (f"; device s: {', '.join(shown)}" if shown else "")
 
     def pass_curve(self) -> tuple[list[int], dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
         with self._lock:

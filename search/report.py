@@ -10,6 +10,7 @@ never a traceback. With `as_json` the console gets the JSON object alone; notes 
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from oracle.verdict import SAMPLE_STATUSES, SHORT_NAMES
+from search.budget import UNITS as BUDGET_UNITS
+from search.budget_view import budget_report
 from search.stats import RunStats, TaskStats, powers_of_two
 from search.store import RunStore, SampleRecord, StoreError, read_samples
 from search.terminal import add_id_column
@@ -287,12 +290,17 @@ def _write_csv(path: Path, labels: list[str], runs: list[RunStats]) -> None:
 
 
 def report(run_dirs: list[Path], console: Console, as_json: bool, csv_path: Path | None,
-           plot_path: Path | None, notes: Console | None = None) -> dict[str, Any]:
+           plot_path: Path | None, by: str | None = None, compare: bool = False,
+           notes: Console | None = None) -> dict[str, Any]:
     """Render the runs as tables on `console` (or, with `as_json`, print the JSON object alone there, on one
-    line), write the CSV and the plot if asked, and return the JSON object. `notes`: where the lines about
-    written files go (default: `console`, unless it carries the JSON)."""
+    line), write the CSV and the plot if asked, and return the JSON object. With `by` (a budget unit;
+    `compare` implies samples) the budget view follows (`search.budget_view`), and the plot is its figure.
+    `notes`: where the lines about written files go (default: `console`, unless it carries the JSON)."""
     if not run_dirs:
         raise ReportError("no run folder given")
+    by = "samples" if compare and by is None else by
+    if by is not None and by not in BUDGET_UNITS:
+        raise ReportError(f"--by must be one of {', '.join(BUDGET_UNITS)}, not '{by}'")
     run_dirs = [Path(p) for p in run_dirs]
     runs = [run_stats(p) for p in run_dirs]
     labels = _labels(run_dirs)
@@ -305,6 +313,12 @@ def report(run_dirs: list[Path], console: Console, as_json: bool, csv_path: Path
     if not as_json:
         _print_tables(console, labels, runs, result)
     try:
+        if by is not None:  # with --json its tables go nowhere: the JSON holds them
+            view = Console(file=io.StringIO()) if as_json else console
+            result["budget"] = budget_report(labels, runs, by, view, compare, plot_path)
+            if plot_path is not None and as_json and notes is not None:
+                notes.print(f"plot written to {escape(str(plot_path))}", highlight=False)
+            plot_path = None  # drawn: the budget view's figure
         if csv_path is not None:
             _write_csv(Path(csv_path), labels, runs)
             if notes is not None:

@@ -18,6 +18,38 @@ Conventions (kept in one place so the report and the tests agree):
 - A task with fewer than k samples (early stop, an unfinished run) is left out of the mean at that k,
   and `tasks_at_k` says how many were used. Early-stopped tasks are the successful ones, so at k above
   their sample count the mean over the remaining tasks is pessimistic; the report says so.
+
+At equal budget (`kernelsearch report --by samples|tokens|gpu-seconds`, computed in `search.budget`):
+- The unit resampled is the chain: the rounds of one refinement or agent chain build on each other, so
+  they are bought together; a sample that starts afresh (zero-shot, or any one-round run) is a chain of
+  one round. A chain's cost is the sum of its rounds' costs: 1 a sample, its generated tokens (helper
+  completions of that round included), or its generation seconds plus oracle device seconds (checks
+  and timing; a duplicate ran nothing on the oracle). A helper completion every chain of a task shares
+  is paid once per task, before the first chain.
+- A budget b per task buys whole chains in a uniformly random order of the task's m recorded chains,
+  as long as the next one fits: if c_1, c_2, ... are the costs in that order, it buys the first T chains
+  with c_1 + ... + c_T <= b < c_1 + ... + c_{T+1}. pass(b) is the probability, over orders, that one of
+  them holds a correct round; fast_p(b) that one holds a correct round faster than eager by more than p;
+  best(b) the expected best speedup among them (0 when none is correct). The per-task values are
+  averaged over tasks, with percentile bootstrap intervals from resampling tasks.
+- Why it is unbiased: the m chains are i.i.d. draws of what the strategy does on the task, so a random
+  order of them is distributed as the first m chains of a fresh run, and a budget that stops within
+  those m chains buys exactly what a fresh run spending b would buy. It stops within them when b is
+  below S + c_min (S: the task's whole recorded spend; c_min: its cheapest chain, the least another
+  chain could cost); above that a task is left out, as a task with n < k is for pass@k. Near that
+  limit the tasks kept are the ones that spent more, which can bias the mean there; the report marks
+  the budgets where some task is left out.
+- When every chain of a task costs the same c (a one-round run by samples), b buys k = floor(b/c)
+  chains and the value is exactly pass@k, fast_p@k and the expected best of k above. Otherwise the
+  expectation over orders is taken over 2000 seeded random orders (a Monte Carlo standard error of at
+  most 0.5/sqrt(2000) = 0.011 per task, less in a mean over tasks).
+- `--compare`: on the tasks two runs share and the budgets at which all of them are kept in both, the
+  run ahead at the smallest budget where the two differ is the leader; the other overtakes it at the
+  first budget of the grid from which it stays ahead (its mean strictly higher there and not lower at any
+  larger budget compared), so a crossing back and forth on noise at small budgets is not an overtaking;
+  how often the lead changes hands is reported beside it. The interval is the percentile interval of that
+  budget over paired task resamples (a resample in which it does not get ahead for good counts as beyond
+  the range), with the share of resamples in which it does.
 """
 
 from __future__ import annotations

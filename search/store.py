@@ -55,8 +55,11 @@ class SampleRecord:
     task: str
     strategy: str
     round: int  # 0-based
-    chain: int  # 0-based: which of the n samples (chains) of a round
-    sample_index: int  # round * n + chain: the task's sample order, from 0
+    # The chain the sample belongs to: where rounds build on each other (refine, agents) the chain they
+    # continue (0..n-1), else the sample's own index (it starts afresh: a chain of its own). None in flat
+    # records written before samples named their chain.
+    chain: int | None
+    sample_index: int  # round * n + position in the round: the task's sample order and its slot, from 0
     seed: int
     status: str  # one of oracle.verdict.SAMPLE_STATUSES
     verdict: Verdict | None = None  # None only when cancelled
@@ -84,9 +87,9 @@ class SampleRecord:
     # ------------------------------------------------------------ what readers ask
 
     @property
-    def key(self) -> tuple[str, int, int]:
-        """The slot a sample fills: (task, round, chain)."""
-        return self.task, self.round, self.chain
+    def key(self) -> tuple[str, int]:
+        """The slot a sample fills: (task, sample_index)."""
+        return self.task, self.sample_index
 
     @property
     def message(self) -> str:
@@ -177,17 +180,18 @@ class SampleRecord:
     @classmethod
     def _from_flat(cls, data: dict[str, Any]) -> "SampleRecord":
         """The flat records of runs made before this schema: the verdict's fields beside the sample's, no
-        source (it is taken from the completion again, once, here), `sample` for the chain."""
+        source (it is taken from the completion again, once, here), `sample_number` for the index and a
+        `chain` only in the latest of them."""
         task, status = data["task"], data["status"]
         if not isinstance(task, str) or not isinstance(status, str):
             raise TypeError("task and status must be strings")
-        chain = _int(data.get("sample"))
         index = _int(data.get("sample_number"))
-        index = index if index is not None else chain
+        index = index if index is not None else _int(data.get("sample"))
         duplicate = _int(data.get("duplicate_of"))
         verdict = None
-        if status != CANCELLED:
-            verdict = Verdict.from_json({**data, "task": task, "message": str(data.get("message") or "")})
+        if status != CANCELLED:  # a null field takes the verdict's default (a duplicate's `device_s`, say)
+            present = {k: v for k, v in data.items() if v is not None}
+            verdict = Verdict.from_json({**present, "task": task, "message": str(data.get("message") or "")})
         completion = data.get("completion") if isinstance(data.get("completion"), str) else ""
         candidate = None
         if isinstance(data.get("hash"), str) and data.get("backend") in BACKENDS:
@@ -199,10 +203,10 @@ class SampleRecord:
             device_s = (_finite(verdict.verify_s) or 0.0) + (_finite(verdict.time_s) or 0.0)
         return cls(
             task=task, strategy=str(data.get("strategy") or ""), round=_int(data.get("round")) or 0,
-            chain=chain or 0, sample_index=index or 0, seed=_int(data.get("seed")) or 0, status=status,
+            chain=_int(data.get("chain")), sample_index=index or 0, seed=_int(data.get("seed")) or 0, status=status,
             verdict=verdict, candidate=candidate, duplicate_of=duplicate, completion=completion,
             tokens_in=_int(data.get("prompt_tokens")) or 0, tokens_out=_int(data.get("tokens")) or 0,
-            finish_reason=data.get("finish_reason"), replica=_int(data.get("replica")), oracle_device_s=device_s,
+            generation_s=_finite(data.get("generation_s")), finish_reason=data.get("finish_reason"), replica=_int(data.get("replica")), oracle_device_s=device_s,
             messages=list(data.get("messages") or []), agent_steps=list(data.get("agent_steps") or []),
             recorded_at=_finite(data.get("recorded_at")) or 0.0)
 

@@ -158,7 +158,7 @@ def test_timing_alone_stops_the_other_candidates_workers(tmp_path):
             deadline = time.monotonic() + 30
             while os.getpgid(w.process.pid) != w.process.pid and time.monotonic() < deadline:  # in its own group
                 time.sleep(0.05)
-        oracle._workers.update(workers)
+        oracle.quiet._workers.update(workers)
         mine, other = workers
         with oracle.alone(mine):
             time.sleep(0.2)
@@ -209,8 +209,8 @@ def test_on_a_cpu_timing_stops_builds_and_header_makers(tmp_path, device, stop):
             time.sleep(0.05)
         compilers = [*_group(builder.process.pid), maker.pid]
         assert len(compilers) == 3
-        oracle._builders.add(builder)
-        oracle._header_makers.append(maker)
+        oracle.quiet._builders.add(builder)
+        oracle.quiet._header_makers.append(maker)
         with oracle.alone(None):
             time.sleep(0.2)
             states = {_state(pid) for pid in compilers}
@@ -232,9 +232,9 @@ def test_a_compiler_starting_during_a_timing_is_stopped_until_it_ends(tmp_path):
     try:
         with oracle.alone(None):
             builder = Worker(build_entry, job, files={"build.py": FORKS})
-            oracle._register_compiler(builder.process.pid, lambda: oracle._builders.add(builder))
+            oracle.quiet._register_compiler(builder.process.pid, lambda: oracle.quiet._builders.add(builder))
             maker = subprocess.Popen(["sleep", "60"], start_new_session=True)
-            oracle._register_compiler(maker.pid, lambda: oracle._header_makers.append(maker))
+            oracle.quiet.header_maker(maker)
             time.sleep(0.5)
             assert _state(builder.process.pid) == "T" and _state(maker.pid) == "T"
             assert len(_group(builder.process.pid)) <= 1  # stopped before it could start its child
@@ -264,7 +264,7 @@ def test_a_real_cpu_build_pauses_while_a_candidate_is_timed(tmp_path):
         compiler = None
         deadline = time.monotonic() + 120
         while compiler is None and time.monotonic() < deadline and not build.done():
-            for w in list(oracle._builders):
+            for w in list(oracle.quiet._builders):
                 for pid in _descendants(w.process.pid):  # ninja starts the compiler in a group of its own
                     try:
                         if Path(f"/proc/{pid}/comm").read_text().strip() == "cc1plus":
@@ -284,7 +284,7 @@ def test_a_real_cpu_build_pauses_while_a_candidate_is_timed(tmp_path):
             time.sleep(1.0)
             assert _state(compiler) == "T" and cpu_ticks() == before
         outcome = build.result(timeout=900)
-    assert outcome.ok and not oracle._builders, outcome.message
+    assert outcome.ok and not oracle.quiet._builders, outcome.message
 
 
 @pytest.mark.slow
@@ -294,12 +294,12 @@ def test_candidates_checked_together_are_timed_alone(tmp_path):
     task = load_tasks("builtin", Selection(task_ids=frozenset({"builtin/1_LeakyReLU_Scale"})), 256).tasks[0]
     fast = TimingParams(warmup_calls=2, min_calls=5, max_calls=20, target_s=0.2, wall_calls=5)
     oracle = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path, timing=fast, call_timeout_s=30, check_slots=2))
-    oracle.device_lock = Recording()
+    oracle.quiet.lock = Recording()
     sources = [(CANDIDATES / "leaky_correct.py").read_text(), (CANDIDATES / "leaky_wrong_slope.py").read_text()]
     with ThreadPoolExecutor(2) as pool:
         verdicts = list(pool.map(lambda text: oracle.evaluate(task, text), sources))
     assert [v.status for v in verdicts] == ["correct", "incorrect"], [v.message for v in verdicts]
-    most, crowded = oracle.device_lock.max_holders()
+    most, crowded = oracle.quiet.lock.max_holders()
     assert not crowded
-    assert any(kind == "exclusive" for _, kind, _ in oracle.device_lock.events)  # the baselines and the timing
-    assert not oracle._workers  # every worker closed and forgotten
+    assert any(kind == "exclusive" for _, kind, _ in oracle.quiet.lock.events)  # the baselines and the timing
+    assert oracle.quiet.idle  # every worker closed and forgotten

@@ -158,10 +158,11 @@ def test_no_code(oracle, task):
     assert v.status == "no_code" and v.message
 
 
-def test_cuda_candidate_on_cpu_oracle_is_rejected_without_building(oracle, task):
+def test_cuda_candidate_on_cpu_oracle_is_unsupported_without_building(oracle, task):
+    """A kernel this machine cannot run is not the model's failure: `unsupported`, not `rejected`."""
     cuda = text("correct").replace('cpp_sources=CPP,', 'cpp_sources=CPP, cuda_sources="__global__ void k() {}",')
     v = oracle.evaluate(task, cuda)
-    assert v.status == "rejected" and "GPU" in v.message
+    assert v.status == "unsupported" and "GPU" in v.message and not v.build_s
 
 
 def test_worker_sees_no_secrets(oracle, task, first_correct, monkeypatch):

@@ -67,3 +67,24 @@ def test_fallback_to_pytorch_is_rejected(oracle):
 def test_bad_launch_configuration_is_a_runtime_error(oracle):
     v = evaluate(oracle, "level1/47_Sum_reduction_over_a_dimension", "runtime_error")
     assert v.status == "runtime_error", v.message
+
+
+TORCH_RELU = "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return {expr}\n"
+
+
+@pytest.fixture(scope="module")
+def torch_oracle() -> Oracle:
+    return Oracle(OracleConfig(device="cuda", call_timeout_s=20, allow_torch=True, compile_baseline=False))
+
+
+def test_outputs_reach_the_trusted_side_in_device_memory(torch_oracle):
+    """No build needed: a plain-PyTorch candidate (allowed here) is checked through CUDA IPC against the
+    reference kept on the device; a wrong one gets the first mismatching values in its message; a later
+    candidate of the same task reuses the kept reference (no reference seconds of its own)."""
+    relu = task("level1/19_ReLU")
+    right = torch_oracle.evaluate(relu, TORCH_RELU.format(expr="torch.relu(x)"))
+    assert right.status == "correct", right.message
+    assert right.device_s.get("checks", 0) > 0 and right.device_s.get("timing", 0) > 0
+    wrong = torch_oracle.evaluate(relu, TORCH_RELU.format(expr="torch.relu(x) + 1e-2"))
+    assert wrong.status == "incorrect" and "check 1 of" in wrong.message and "expected" in wrong.message, wrong.message
+    assert "reference" not in wrong.device_s and "baselines" not in wrong.device_s

@@ -181,3 +181,11 @@ def test_counts_read_as_words_and_long_ids_are_never_cut():
     text = console.export_text()
     assert "…" not in text and "1 unsupported" in text
     assert long_id in "".join(ln.split("│")[1].strip() for ln in text.splitlines() if ln.startswith("│"))
+
+
+def test_the_pool_line_says_where_the_device_time_went():
+    progress = RunProgress(Console(file=io.StringIO()), TASKS, 4, [])
+    progress.pool = [{"timing": 1, "device_slots": 4, "device_phases_s": {"checks": 12.4, "timing": 3.0, "reference": 0.0}},
+                     {"timing": 0, "device_slots": 4, "device_phases_s": {"checks": 2.0, "baselines": 1.6}}]
+    assert progress.pool_text() == ("oracles 2: on the device 1/8, building 0, builds queued 0; "
+                                    "device s: checks 14, timing 3, baselines 2")

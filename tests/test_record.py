@@ -29,7 +29,8 @@ def judged_record(**fields) -> SampleRecord:
                       sol_fraction=0.1)
     values = dict(task=LEAKY, strategy="zero-shot", round=1, chain=2, sample_index=6, seed=9, status="correct",
                   verdict=verdict, candidate=candidate, completion=f"```python\n{source}\n```", tokens_in=50,
-                  tokens_out=70, generation_s=4.5, finish_reason="stop", replica=1, oracle_device_s=verdict.device_s,
+                  tokens_out=70, generation_s=4.5, finish_reason="stop", replica=1,
+                  oracle_device_s=verdict.candidate_device_s,
                   messages=[{"role": "user", "content": "hi"}], recorded_at=1.0)
     return SampleRecord(**{**values, **fields})
 
@@ -54,7 +55,7 @@ def test_a_record_round_trips_with_its_whole_verdict_and_candidate(tmp_path):
     back, dup = store.samples()
     assert back == record
     assert (back.tokens_in, back.tokens_out, back.generation_s, back.oracle_device_s) == (50, 70, 4.5, 2.0)
-    assert (back.round, back.chain, back.key) == (1, 2, (LEAKY, 1, 2))
+    assert (back.round, back.chain, back.key) == (1, 2, (LEAKY, 6))
     assert back.attempt().source == record.source and back.attempt().speedup_vs_eager == 2.0
     assert (back.build_s, dup.build_s, dup.verify_s) == (3.0, 0.0, None)  # a duplicate reused the build
 
@@ -72,7 +73,7 @@ def test_the_reader_reads_the_flat_records_of_before(tmp_path):
     records = read_samples(FIXTURE_V1 / "samples.jsonl")
     assert [r.status for r in records] == ["no_code", "incorrect", "correct", "correct"]
     first, dup = records[2], records[3]
-    assert (first.chain, first.sample_index, first.tokens_out) == (0, 0, 100)
+    assert (first.chain, first.sample_index, first.tokens_out) == (None, 0, 100)  # no chain recorded then
     assert "class ModelNew" in first.source and first.candidate.hash == first.verdict.hash == dup.hash
     assert first.oracle_device_s == pytest.approx(first.verdict.verify_s + first.verdict.time_s)
     assert dup.duplicate_of == 0 and dup.oracle_device_s == 0.0 and dup.build_s == 0.0

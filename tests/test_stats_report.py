@@ -152,7 +152,7 @@ def sample(task, strategy, number, status, n, eager=None, compile=None, dup=None
         verdict = Verdict(task, status, "", hash=None if status == "no_code" else f"h-{task}-{dup if dup is not None else number}",
                           time_ms=1.0 if status == "correct" else None, eager_ms=1.5, compile_ms=1.2,
                           speedup_vs_eager=eager, speedup_vs_compile=compile, build_s=build_s, verify_s=1.0, time_s=time_s)
-    device_s = 0.0 if verdict is None or dup is not None else verdict.device_s
+    device_s = 0.0 if verdict is None or dup is not None else verdict.candidate_device_s
     return SampleRecord(task, strategy, round=number // n, chain=number % n, sample_index=number, seed=1000 + number,
                         status=status, verdict=verdict, duplicate_of=dup, tokens_in=50, tokens_out=tokens,
                         oracle_device_s=device_s, recorded_at=T0 + at)

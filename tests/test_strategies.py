@@ -508,6 +508,7 @@ def test_all_four_through_vllm_tiny_model(ray_engine, tmp_path_factory):
             assert len(rows) == 4 and all(r.status == "no_code" for r in rows), [r.message for r in rows]
             seen = [(r.tokens_out, r.finish_reason, r.message[:200]) for r in rows]
             assert all(r.tokens_out > 0 and r.finish_reason in ("stop", "length") for r in rows), seen  # real engine output
+            assert all(r.generation_s > 0 for r in rows)  # timed by the generator actor
             if name == "agents":
                 helpers = [s for r in rows for s in r.agent_steps if "messages" in s]
                 assert {s["step"] for s in helpers} == {"analysis", "triage"}

@@ -12,7 +12,7 @@ from typing import Any
 
 import ray
 
-from search.generators.base import Completion, SampleRequest
+from search.generators.base import Completion, SampleRequest, timed
 
 _DONE = None
 
@@ -36,7 +36,7 @@ class GeneratorActor:
 
         async def pump() -> None:
             try:
-                async for completion in self.generator.sample(request):
+                async for completion in timed(self.generator.sample(request)):
                     await queue.put(completion)
             except Exception as exc:  # noqa: BLE001 - every missing sample is reported, none is lost
                 await queue.put(exc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -42,7 +43,7 @@ class Completion:
     finish_reason: str | None = None  # "stop", "length", "abort", ...
     error: str | None = None  # the generator failed for this sample (the text is then empty)
     replica: int | None = None  # which generator replica wrote it (set by `GeneratorClient`)
-    generation_s: float | None = None  # seconds from the request's start to this sample (set by `GeneratorClient`)
+    generation_s: float | None = None  # seconds from the request's start until this sample was finished (`timed`)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,6 +77,18 @@ class Generator(abc.ABC):
 
     async def close(self) -> None:
         """Release the engine, connections and memory."""
+
+
+async def timed(stream: AsyncIterator[Completion]) -> AsyncIterator[Completion]:
+    """The stream with `generation_s` set on each completion that lacks it: the seconds from the start of
+    the request until the completion came out. The samples of one request start together, so this is each
+    sample's own latency (time paused for an oracle's timing included); several sequences decoding at once
+    share those seconds, which is why a budget in generated tokens is the one to read under heavy batching."""
+    t0 = time.perf_counter()
+    async for completion in stream:
+        if completion.generation_s is None and completion.index >= 0:
+            completion.generation_s = time.perf_counter() - t0
+        yield completion
 
 
 async def as_finished(tasks: list[asyncio.Task]) -> AsyncIterator[Any]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +40,6 @@ class _Split:
     queue: asyncio.Queue
     parts: list[_Part]
     pumps: list[asyncio.Task] = field(default_factory=list)
-    started: float = field(default_factory=time.perf_counter)
 
 
 class GeneratorClient:
@@ -73,14 +71,12 @@ class GeneratorClient:
         return parts
 
     async def sample(self, request: SampleRequest) -> AsyncIterator[Completion]:
-        """Each of the request's samples as soon as it is finished (any order), each once, with
-        `generation_s` set: seconds from the request's start to its arrival here."""
+        """Each of the request's samples as soon as it is finished (any order), each once (`generation_s` as
+        its generator actor timed it)."""
         await self._start(request)
         split = self._requests[request.request_id]
         try:
             while (completion := await split.queue.get()) is not None:
-                if completion.generation_s is None:
-                    completion.generation_s = time.perf_counter() - split.started
                 yield completion
         finally:
             self._requests.pop(request.request_id, None)

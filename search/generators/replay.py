@@ -1,9 +1,10 @@
 """Replay: completions recorded earlier (a run's samples.jsonl, or any JSONL with `task` and `completion`).
 
-How a large-n study is re-evaluated on new hardware or a new oracle without generating again. Sample i
-of a task draws that task's completions without replacement, in an order fixed by the seed, wrapping
-around when n exceeds them. A line may carry the tokens it cost (`tokens_out` and `tokens_in`, as a run's
-records do, or `tokens` and `prompt_tokens`); they are reported again as the sample's cost.
+How a large-n study is re-evaluated on new hardware or a new oracle without generating again. A recorded
+completion keeps its cost: its generated and prompt tokens (`tokens_out` and `tokens_in` as a run's records
+name them, or `tokens` and `prompt_tokens`) and `generation_s` are passed on when the line has them. Sample i
+of a task draws that task's completions without replacement, in an order fixed by the seed, wrapping around
+when n exceeds them.
 
 `read_replay` is the file's one reader: the command line calls it before it starts anything (to report bad
 lines and to learn which tasks the file names), and the generator in its actor reads the file with it again.
@@ -65,12 +66,19 @@ def read_replay(path: str | Path) -> ReplayFile:
     return found
 
 
-def _count(row: dict[str, Any], *keys: str) -> int:
-    for key in keys:
-        value = row.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return 0
+def _first(row: dict[str, Any], *keys: str) -> Any:
+    """The value of the first key the row has (a run's records and hand-written files name costs differently)."""
+    return next((row[k] for k in keys if k in row), None)
+
+
+def _count(x: Any) -> int:
+    return int(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 else 0
+
+
+def _seconds(x: Any, default: float) -> float:
+    """A recorded completion's generation seconds (it stands in for the model, cost included), else the
+    replay's own delay."""
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 else default
 
 
 class ReplayGenerator(Generator):
@@ -107,8 +115,9 @@ class ReplayGenerator(Generator):
                 continue
             row = rows[order[number % len(rows)]]
             yield Completion(request.request_id, index, seed, row["completion"],
-                             tokens=_count(row, "tokens_out", "tokens"), prompt_tokens=_count(row, "tokens_in", "prompt_tokens"),
-                             finish_reason="replay")
+                             tokens=_count(_first(row, "tokens_out", "tokens")),
+                             prompt_tokens=_count(_first(row, "tokens_in", "prompt_tokens")), finish_reason="replay",
+                             generation_s=_seconds(row.get("generation_s"), self.delay_s))
 
     async def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)

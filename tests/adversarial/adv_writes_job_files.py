@@ -1,4 +1,4 @@
-# expect: incorrect/runtime_error - overwrites every file it can reach in its job folder (job.json, outputs) with garbage
+# expect: correct - overwrites every file it can reach in its job folder (job.json, stderr) with garbage: outputs never pass through that folder, so the honest kernel it wraps is judged as it is
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline

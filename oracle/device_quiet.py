@@ -1,0 +1,116 @@
+"""Who else runs while something is timed: the device lock and the processes stopped beside it.
+
+Timing holds the device lock's exclusive side (`oracle.device_lock`) and stops (SIGSTOP) every other
+process that could put work on the device meanwhile: the other candidates' workers and the trusted
+`torch.compile` worker. On a CPU the device is the cores a compiler uses too, so the builds and the
+precompiled-header makers (with every process they started) are stopped as well: a 20-second g++ beside a
+2 ms kernel makes its time, and the choice of the fastest kernel, noise. They all resume when the timing
+ends; one that starts while a timing holds the device starts stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import threading
+from typing import Iterator
+
+from oracle.device_lock import DeviceLock
+from oracle.gpu_lock import TimingLock
+from oracle.sandbox import Worker, signal_trees
+
+
+class QuietDevice:
+    def __init__(self, device: str, stop_compilers: bool = True, machine: TimingLock | None = None) -> None:
+        # `machine`: the device's machine-wide lock, so that two processes never time on one device at once
+        self.lock = DeviceLock(machine)
+        self.stop_compilers = device == "cpu" and stop_compilers
+        self._workers: set[Worker] = set()  # stopped while another is timed, on every device
+        self._builders: set[Worker] = set()  # stopped while anything is timed, on a CPU
+        self._header_makers: list[subprocess.Popen] = []
+        self._held_alone = False  # a timing holds the device now: a compiler starting meanwhile starts stopped
+        self._stopped_late: list[int] = []
+        self._guard = threading.Lock()
+
+    @contextlib.contextmanager
+    def alone(self, own: Worker | None = None) -> Iterator[None]:
+        """The device to this thread alone: no check runs, and every other registered process is stopped."""
+        with self.lock.exclusive():
+            with self._guard:
+                others = [w.process.pid for w in self._workers if w is not own]
+                if self.stop_compilers:
+                    self._header_makers = [m for m in self._header_makers if m.poll() is None]
+                    others += [w.process.pid for w in self._builders] + [m.pid for m in self._header_makers]
+                    self._held_alone = True
+                signal_trees(others, signal.SIGSTOP)
+            try:
+                yield
+            finally:
+                with self._guard:
+                    self._held_alone = False
+                    signal_trees(others + self._stopped_late, signal.SIGCONT)
+                    self._stopped_late = []
+
+    @contextlib.contextmanager
+    def running(self, worker: Worker) -> Iterator[None]:
+        """`worker` may put work on the device: it is stopped while another timing holds the device."""
+        with self._guard:
+            self._workers.add(worker)
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._workers.discard(worker)
+
+    @contextlib.contextmanager
+    def building(self, worker: Worker) -> Iterator[None]:
+        """A build worker: on a CPU it is stopped while anything is timed."""
+        self._register_compiler(worker.process.pid, lambda: self._builders.add(worker))
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._builders.discard(worker)
+
+    def header_maker(self, maker: subprocess.Popen) -> None:
+        """A detached precompiled-header maker: on a CPU it is stopped while anything is timed."""
+        self._register_compiler(maker.pid, lambda: self._header_makers.append(maker))
+
+    def _register_compiler(self, pid: int, add) -> None:
+        with self._guard:
+            add()
+            if self._held_alone and self.stop_compilers:
+                signal_trees([pid], signal.SIGSTOP)
+                self._stopped_late.append(pid)
+
+    @property
+    def idle(self) -> bool:
+        """No registered worker is running (every worker was closed and forgotten)."""
+        with self._guard:
+            return not self._workers and not self._builders
+
+
+class MemoryBudget:
+    """Device memory promised to candidates' workers: a worker starts when its estimate fits beside the
+    others' (one alone always starts), so that checks of a task with GB-sized tensors do not run each
+    other out of memory."""
+
+    def __init__(self, total_bytes: int) -> None:
+        self.total = total_bytes
+        self.used = 0
+        self._cond = threading.Condition()
+
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int) -> Iterator[None]:
+        nbytes = min(nbytes, self.total)
+        with self._cond:
+            while self.used and self.used + nbytes > self.total:
+                self._cond.wait()
+            self.used += nbytes
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.used -= nbytes
+                self._cond.notify_all()

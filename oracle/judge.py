@@ -1,0 +1,160 @@
+"""Judging as pure functions: from outputs, a worker's report and a task's reference to a verdict.
+
+Nothing here starts a process or touches a file, so every rule can be tested with plain tensors and
+records. The oracle (`oracle.evaluate`) gathers the inputs: outputs the trusted reference process read from
+a worker, the worker's `Checked` report and timing, and the task's `Reference`; the rules are in
+docs/oracle.md.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from oracle.compare import compare
+from oracle.protocol import Checked
+
+# Operators that move or shape data but compute nothing: calling them is not a fallback (docs/oracle.md,
+# "Own kernel").
+NON_COMPUTE_OPS = {
+    f"aten::{n}" for n in (
+        "empty empty_like empty_strided zeros zeros_like ones ones_like full full_like to _to_copy copy_ "
+        "contiguous clone detach view reshape _reshape_alias _unsafe_view as_strided expand permute transpose t "
+        "unsqueeze squeeze flatten select slice narrow split chunk unbind resize_ lift_fresh alias item "
+        "_local_scalar_dense is_nonzero result_type new_empty new_zeros fill_ zero_ set_ stride size numel "
+        "dropout feature_dropout lift lift_fresh_copy"
+    ).split()
+}
+# The only verdicts a worker may report itself; anything else in its result (a forged "correct") is a fault.
+WORKER_STATUSES = {"runtime_error", "rejected", "incorrect", "compile_error"}
+# A kernel whose GPU is busy for less than this share of its timed interval is mostly launch overhead.
+LAUNCH_BOUND_BUSY = 0.5
+
+
+def output_problem(outputs: list[torch.Tensor | None], expected: list[torch.Tensor | None], where: str) -> str | None:
+    """Why `outputs` are not the `expected` ones (None when they are); `where` names the call for the message."""
+    if len(outputs) != len(expected):
+        return f"{where}: forward returned {len(outputs)} output(s), expected {len(expected)}"
+    for j, (out, ref) in enumerate(zip(outputs, expected)):
+        label = f"output {j}" if len(expected) > 1 else "output"
+        if ref is None:
+            continue
+        if out is None:
+            return f"{where}: {label} is not a tensor"
+        result = compare(out, ref, label)
+        if not result.ok:
+            return f"{where}: {result.message}"
+    return None
+
+
+def check_name(index: int, checks: int, smaller_size: bool) -> str:
+    return f"check {index + 1} of {checks}" + (" (at the second, smaller size)" if smaller_size else "")
+
+
+def timed_name(kind: str, index: int) -> str:
+    when = "a timed call" if kind == "timed" else "a call of the wall-clock block"
+    return f"correct while checked but wrong in {when} (input set {index + 1})"
+
+
+def unchanged(before: list[torch.Tensor | None], after: list[torch.Tensor | None]) -> bool:
+    """A later call left an earlier call's outputs as they were (NaN equal to NaN)."""
+    return all(a is None or b is None or (a.shape == b.shape and torch.equal(a.nan_to_num(0), b.nan_to_num(0)))
+               for a, b in zip(before, after))
+
+
+REUSED_OUTPUT = ("a later call changed the tensor returned by an earlier call (reused output buffer); "
+                 "allocate a new output each call")
+
+
+def own_kernel_problem(backend: str, source: str, checked: Checked, reference_ops: list[str]) -> str | None:
+    """The candidate ran code of its own, and did not just call the operators it replaces."""
+    if backend == "torch":
+        return None  # only reachable with --allow-torch
+    if checked.own_calls == 0:
+        return "the custom kernel was never called: forward must call the compiled extension (or Triton kernel)"
+    if backend == "cuda":
+        names = set(re.findall(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\([^)]*\)\s+)?(?:void\s+)?(\w+)", source))
+        if names and not any(n in k for k in checked.kernels for n in names):
+            return ("none of the candidate's __global__ kernels ran on the GPU "
+                    f"({', '.join(sorted(names))}); its extension only called PyTorch operators")
+    replaced = {op for op in reference_ops if op not in NON_COMPUTE_OPS}
+    if replaced and replaced <= set(checked.ops):
+        return ("the candidate still calls every PyTorch operator of the reference "
+                f"({', '.join(sorted(replaced))}): replace them with the custom kernel, do not fall back to PyTorch")
+    return None
+
+
+def worker_failure(result: Any) -> tuple[str, str]:
+    """The (status, message) of a worker's early or failed result, never better than a failure."""
+    if not isinstance(result, dict) or result.get("status") not in WORKER_STATUSES:
+        status = result.get("status") if isinstance(result, dict) else None
+        return "runtime_error", f"the candidate's process sent an unexpected result ({str(status)[:40]!r}): it must not write to the oracle's pipe"
+    return result["status"], str(result.get("message", ""))[:2000]
+
+
+def score(timing: dict[str, Any], eager: dict[str, Any] | None, floor: dict[str, Any] | None,
+          flags: list[str], kernel_ms: float | None = None) -> dict[str, Any]:
+    """The verdict fields of a candidate that passed every check, from its timing and the task's baselines:
+    status `correct` with its speed, or `rejected` when it is faster than physics allows."""
+    flags = list(flags)
+    time_ms = timing["median_ms"]
+    eager = eager or {}
+    # Events that miss work (side streams, threads) show as a wall clock far above them. The wall clock is
+    # the larger of the worker's own and the one the trusted side measured around a block of calls (a
+    # candidate can patch the clocks in its own process, not the oracle's).
+    wall_ms = max(timing["wall_ms"], timing.get("external_ms") or 0.0)
+    eager_wall = max(eager.get("wall_ms", 0), eager.get("external_ms") or 0.0)
+    ratio = wall_ms / time_ms if time_ms > 0 else float("inf")
+    eager_ratio = eager_wall / eager["median_ms"] if eager.get("median_ms") else 1.0
+    if ratio > max(1.5, 1.5 * eager_ratio) and wall_ms - time_ms > 0.05:
+        flags.append("wall_clock_disagrees")
+        time_ms = wall_ms
+    busy = min(1.0, kernel_ms / time_ms) if kernel_ms is not None and time_ms > 0 else None
+    if busy is not None and busy < LAUNCH_BOUND_BUSY:
+        flags.append("launch_bound")  # the time is mostly launch overhead, not the kernels' work
+    info: dict[str, Any] = {"candidate": timing, "eager": eager or None, "gpu_busy_fraction": busy}
+    sol_ms = (floor or {}).get("sol_ms")
+    if sol_ms and time_ms < sol_ms:  # nothing is faster than the floor (bytes over bandwidth, FLOPs over peak)
+        return dict(status="rejected", flags=flags + ["below_floor"], time_ms=time_ms, sol_ms=sol_ms,
+                    sol_fraction=sol_ms / time_ms if time_ms > 0 else None,
+                    timing={"candidate": timing, "sol_ms": sol_ms, "floor": floor},
+                    message=(f"impossible: faster than the memory/compute floor ({time_ms:.4g} ms < {sol_ms:.4g} ms "
+                             f"for {floor['bytes'] / 1e6:.4g} MB and {floor['flops'] / 1e9:.4g} GFLOP); "
+                             "the timing missed work or the work was skipped"))
+    sol_fraction = sol_ms / time_ms if sol_ms and time_ms > 0 else None
+    if sol_ms:
+        info.update(sol_ms=sol_ms, sol_fraction=sol_fraction, floor=floor)
+    eager_ms = eager.get("median_ms")
+    sp_e = eager_ms / time_ms if eager_ms and time_ms > 0 else None
+    return dict(status="correct", message=correct_message(time_ms, eager_ms, None), time_ms=time_ms, eager_ms=eager_ms,
+                speedup_vs_eager=sp_e, flags=flags, timing=info, sol_ms=sol_ms, sol_fraction=sol_fraction)
+
+
+def with_compile_baseline(fields: dict[str, Any], compile_timing: dict[str, Any] | None,
+                          compile_error: str | None) -> dict[str, Any]:
+    """Add the `torch.compile` baseline to a correct verdict's fields (it is measured apart, off the
+    device's critical path, and may arrive after the candidate was timed)."""
+    fields = dict(fields)
+    timing = dict(fields.get("timing") or {})
+    timing["compile"] = compile_timing
+    if compile_error:
+        timing["compile_error"] = compile_error
+    fields["timing"] = timing
+    compile_ms = (compile_timing or {}).get("median_ms")
+    time_ms = fields.get("time_ms")
+    fields["compile_ms"] = compile_ms
+    fields["speedup_vs_compile"] = compile_ms / time_ms if compile_ms and time_ms else None
+    if fields.get("status") == "correct":
+        fields["message"] = correct_message(time_ms, fields.get("eager_ms"), compile_ms)
+    return fields
+
+
+def correct_message(time_ms: float, eager_ms: float | None, compile_ms: float | None) -> str:
+    speed = f"{time_ms:.4g} ms"
+    if eager_ms and time_ms > 0:
+        speed += f", {eager_ms / time_ms:.2f}x eager PyTorch ({eager_ms:.4g} ms)"
+    if compile_ms and time_ms > 0:
+        speed += f", {compile_ms / time_ms:.2f}x torch.compile ({compile_ms:.4g} ms)"
+    return f"correct; {speed}"

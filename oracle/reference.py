@@ -1,0 +1,345 @@
+"""The trusted side's view of each task's reference: kept in the reference process, baselines on disk.
+
+`References` is what the oracle asks: `get(task)` makes sure the reference process holds the task's
+expected outputs (made once, reused by every candidate) and that eager PyTorch has been timed (once per
+task, device and torch version; the timing is cached on disk for later runs); `compile_baseline(task)`
+waits for the `torch.compile` time, which a background worker measures off the critical path. The
+reference process itself is `oracle.reference_server`; this module drives it and restarts it if it dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ContextManager
+
+import torch
+
+from oracle.protocol import Case, Compare, Compared, Prepared, PrepareTask, TimeEager
+from oracle.reference_server import compile_entry, reference_server_entry
+from oracle.sandbox import PhaseTimeout, Worker, WorkerDied, run_to_result
+from oracle.timing import TimingParams
+from tasks.fitting import shrink_once
+from tasks.model import Task
+
+# Inputs are made on the device itself (`oracle.harness._seeded_inputs`): a new layout of the cache's key.
+REFERENCE_VERSION = "2"
+LARGE_INPUT_MB = 256  # several times any GPU's L2 cache
+# torch.compile workers at once: each holds a model and its timing inputs on the device.
+_COMPILES = threading.Semaphore(1)
+
+
+class ReferenceError(Exception):
+    """The task's own reference could not be computed on this device."""
+
+
+class Missing(ReferenceError):
+    """The reference process no longer holds what was asked for (dropped to make room, or restarted)."""
+
+
+@dataclass
+class Reference:
+    """One task's reference as the oracle sees it: the checks it runs, what the reference computes, and
+    its eager baseline. The expected outputs stay in the reference process."""
+
+    key: str
+    codes: list[str]
+    cases: list[Case]
+    prepared: Prepared
+    eager: dict[str, Any] | None
+    timing_seeds: list[int] = field(default_factory=list)
+    compile: Future = field(default_factory=Future)  # {"compile": timing} or {"compile_error": text}, or None
+    baseline_s: float = 0.0  # device seconds this oracle spent on the eager baseline (0 when cached)
+
+    @property
+    def ops(self) -> list[str]:
+        return self.prepared.ops
+
+    @property
+    def smaller_size(self) -> bool:
+        return len(self.codes) > 1
+
+
+@dataclass
+class ReferenceSettings:
+    device: str
+    device_name: str
+    threads: int
+    check_seeds: tuple[int, ...]
+    extra_size_seed: int
+    timing_seeds: tuple[int, ...]
+    init_seed: int
+    timing: TimingParams
+    wants_compile: bool
+    call_timeout_s: float
+    time_timeout_s: float
+    compile_timeout_s: float
+    budget_bytes: int
+
+
+class ReferenceProcess:
+    """The reference process and its pipe: one request at a time, restarted when it dies."""
+
+    def __init__(self, settings: ReferenceSettings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._worker: Worker | None = None
+
+    def request(self, op: str, args: dict[str, Any]) -> Any:
+        with self._lock:
+            worker = self._started()
+            worker.send(op=op, args=args)
+            try:
+                for message in worker.messages():
+                    if "reply" in message:
+                        return message["reply"]
+                    if "missing" in message:
+                        raise Missing(f"the reference process does not hold {message['missing']}")
+                    if "error" in message:
+                        raise ReferenceError(str(message["error"])[:500])
+            except (PhaseTimeout, WorkerDied) as exc:
+                self._stop()
+                raise ReferenceError(f"the reference process {exc}") from None
+            raise ReferenceError("the reference process ended")  # pragma: no cover
+
+    def _started(self) -> Worker:
+        if self._worker is None or not self._worker.process.is_alive():
+            self._stop()
+            s = self.settings
+            self._worker = Worker(reference_server_entry, {"device": s.device, "threads": s.threads,
+                                                           "budget_bytes": s.budget_bytes})
+        return self._worker
+
+    def _stop(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+
+class References:
+    """Each task's reference, made on first use and then shared by all its candidates."""
+
+    def __init__(self, settings: ReferenceSettings, baselines: Path, alone: Callable[..., ContextManager],
+                 shared: Callable[[], ContextManager], register: Callable[[Worker], ContextManager],
+                 reserve: Callable[[int], ContextManager] = lambda nbytes: contextlib.nullcontext()) -> None:
+        self.settings = settings
+        self.baselines = baselines
+        self.baselines.mkdir(parents=True, exist_ok=True)
+        self.process = ReferenceProcess(settings)
+        self._alone = alone  # alone(own): the device alone, every other registered worker stopped
+        self._shared = shared  # device work that may overlap checks, never a timing
+        self._register = register  # a trusted worker that must be stopped while another times
+        self._reserve = reserve  # device memory promised to a worker
+        self._known: dict[str, Reference] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.reference_s = 0.0  # seconds spent computing reference outputs, all tasks
+        self.baseline_s = 0.0  # seconds spent timing eager baselines with the device held alone
+
+    def key(self, task: Task) -> str:
+        s = self.settings
+        text = f"{task.code}\0{s.device}\0{s.check_seeds}\0{s.extra_size_seed}\0{s.timing_seeds}\0{REFERENCE_VERSION}"
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    def timing_seeds(self, task: Task) -> list[int]:
+        """The rotating timing input sets. Rotation keeps a small task's inputs out of the L2 cache between
+        calls; inputs far larger than any cache gain nothing from it (the cache is flushed before each call
+        anyway), so large tasks rotate two sets, which bounds the device memory a timing needs."""
+        seeds = list(self.settings.timing_seeds)
+        return seeds[:2] if task.input_mb > LARGE_INPUT_MB else seeds
+
+    def _task_lock(self, key: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def get(self, task: Task, quiet: Callable[[], ContextManager] = contextlib.nullcontext,
+            spent: dict[str, float] | None = None) -> Reference:
+        """The task's reference, prepared in the reference process (again, if it was dropped or the process
+        restarted) and with its eager baseline; raises ReferenceError when the task's own code fails.
+        `spent` gets the device seconds this call cost, by phase (`reference`, `baselines`)."""
+        spent = {} if spent is None else spent
+        key = self.key(task)
+        with self._task_lock(key):
+            known = self._known.get(key)
+            codes = known.codes if known else _codes(task)
+            cases = known.cases if known else _cases(self.settings, len(codes))
+            request = PrepareTask(key=key, task_id=task.id, codes=codes, cases=[c.to_json() for c in cases],
+                                  timing_seeds=self.timing_seeds(task), init_seed=self.settings.init_seed,
+                                  call_timeout_s=self.settings.call_timeout_s * 5)
+            with self._shared():
+                prepared = Prepared.from_json(self.process.request("prepare", request.to_json()))
+            self.reference_s += prepared.reference_s  # measured by the reference process: no waiting counted
+            if prepared.reference_s:
+                spent["reference"] = spent.get("reference", 0.0) + prepared.reference_s
+            if known is not None:
+                known.prepared = prepared
+                return known
+            eager, seconds = self._eager(task, request, quiet)
+            if seconds:
+                spent["baselines"] = spent.get("baselines", 0.0) + seconds
+            reference = Reference(key, codes, cases, prepared, eager, request.timing_seeds, baseline_s=seconds)
+            self._known[key] = reference
+            if self.settings.wants_compile:
+                self._start_compile(task, reference, quiet)
+            else:
+                reference.compile.set_result(None)
+            return reference
+
+    def retime_eager(self, task: Task, quiet: Callable[[], ContextManager] = contextlib.nullcontext,
+                     spent: dict[str, float] | None = None) -> Reference:
+        """Time eager PyTorch again now, past the disk cache (the compile time is kept), so that a re-timed best
+        kernel is compared with a baseline measured under the same conditions, not whenever the cache was filled."""
+        spent = {} if spent is None else spent
+        reference = self.get(task, quiet, spent)
+        eager, seconds = self._eager(task, self._prepare_request(task, reference), quiet, fresh=True)
+        reference.eager, reference.baseline_s = eager, reference.baseline_s + seconds
+        spent["baselines"] = spent.get("baselines", 0.0) + seconds
+        return reference
+
+    def _baseline_file(self, key: str) -> Path:
+        name = re.sub(r"[^A-Za-z0-9]+", "-", self.settings.device_name).strip("-")
+        return self.baselines / f"{key}-{name}-torch{torch.__version__}-t{self.settings.threads}.json"
+
+    def _read_baselines(self, key: str) -> dict[str, Any]:
+        path = self._baseline_file(key)
+        try:
+            data = json.loads(path.read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _write_baselines(self, key: str, task: Task, **fields: Any) -> None:
+        with self._guard:
+            data = {**self._read_baselines(key), **fields, "device": self.settings.device_name,
+                    "torch": torch.__version__, "task": task.id}
+            path = self._baseline_file(key)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data))
+            tmp.replace(path)
+
+    def _prepare_request(self, task: Task, reference: Reference) -> PrepareTask:
+        return PrepareTask(key=reference.key, task_id=task.id, codes=reference.codes,
+                           cases=[c.to_json() for c in reference.cases], timing_seeds=reference.timing_seeds,
+                           init_seed=self.settings.init_seed, call_timeout_s=self.settings.call_timeout_s * 5)
+
+    def _eager(self, task: Task, request: PrepareTask, quiet: Callable[[], ContextManager],
+               fresh: bool = False) -> tuple[dict | None, float]:
+        key = request.key
+        cached = self._read_baselines(key)
+        if not fresh and cached.get("eager"):
+            return cached["eager"], 0.0
+        s = self.settings
+        with self._alone(), quiet():
+            started = time.perf_counter()  # the device held alone, not the wait for it
+            timed = TimeEager(key, s.timing.__dict__, s.timing.wall_calls, s.time_timeout_s).to_json()
+            try:
+                eager = self.process.request("time_eager", timed)
+            except Missing:  # dropped to make room for another task meanwhile: made again (the device is ours)
+                self.process.request("prepare", request.to_json())
+                eager = self.process.request("time_eager", timed)
+            spent = time.perf_counter() - started
+        self._write_baselines(key, task, eager=eager)
+        self.baseline_s += spent
+        return eager, spent
+
+    def _start_compile(self, task: Task, reference: Reference, quiet: Callable[[], ContextManager]) -> None:
+        cached = self._read_baselines(reference.key)
+        if "compile" in cached or "compile_error" in cached:
+            reference.compile.set_result({k: cached[k] for k in ("compile", "compile_error") if k in cached})
+            return
+        threading.Thread(target=self._compile, args=(task, reference, quiet), daemon=True,
+                         name=f"compile {task.id}").start()
+
+    def _compile(self, task: Task, reference: Reference, quiet: Callable[[], ContextManager]) -> None:
+        """In the background: compile (CPU work beside the checks), then time with the device alone."""
+        s = self.settings
+        job = {"device": s.device, "task_id": task.id, "code": reference.codes[0], "init_seed": s.init_seed,
+               "timing_seeds": list(s.timing_seeds), "timing": s.timing.__dict__, "threads": s.threads,
+               "compile_timeout_s": s.compile_timeout_s, "time_timeout_s": s.time_timeout_s}
+        job["timing_seeds"] = self.timing_seeds(task)
+        result: dict[str, Any] = {"compile_error": "the torch.compile worker ended without a result"}
+        try:
+            _COMPILES.acquire()
+            p = reference.prepared
+            worker = Worker(compile_entry, job)
+            with self._reserve((len(job["timing_seeds"]) + 2) * p.input_bytes + 4 * p.output_bytes), self._register(worker):
+                try:
+                    for message in worker.messages():
+                        if "ready" in message:
+                            with self._alone(worker), quiet():
+                                worker.send(cmd="time")
+                                outcome = run_to_result(worker, close=False)
+                            if outcome.result is not None:
+                                result = outcome.result
+                            elif outcome.timed_out_phase:
+                                result = {"compile_error": f"{outcome.timed_out_phase} took too long"}
+                            break
+                        if "result" in message:
+                            result = message["result"]
+                            break
+                except PhaseTimeout as exc:
+                    result = {"compile_error": f"{exc} took longer than {s.compile_timeout_s:.0f} s"}
+                except WorkerDied as exc:
+                    result = {"compile_error": f"the torch.compile worker {exc}"}
+                finally:
+                    worker.close()
+            fields = {k: result.get(k) for k in ("compile", "compile_error") if k in result}
+            self._write_baselines(reference.key, task, **fields)
+        finally:
+            _COMPILES.release()
+            if not reference.compile.done():
+                reference.compile.set_result(result)
+
+    def compile_baseline(self, task: Task, timeout_s: float) -> dict[str, Any] | None:
+        """The task's torch.compile baseline (`compile` or `compile_error`), waiting for it at most `timeout_s`."""
+        reference = self._known.get(self.key(task))
+        if reference is None:
+            return None
+        try:
+            return reference.compile.result(timeout=timeout_s)
+        except TimeoutError:
+            return {"compile_error": f"not measured within {timeout_s:.0f} s"}
+
+    # ------------------------------------------------------------ candidates' outputs
+
+    def open(self, task: Task, reference: Reference, quiet: Callable[[], ContextManager] = contextlib.nullcontext) -> int:
+        """A session for one candidate: its check-1 outputs are kept there for the reused-buffer check."""
+        try:
+            return int(self.process.request("open", {"key": reference.key}))
+        except Missing:  # dropped from the reference process, or it restarted: prepare again
+            self.get(task, quiet)
+            return int(self.process.request("open", {"key": reference.key}))
+
+    def compare(self, session: int, kind: str, index: int, tensors: list, share_dir: str | None) -> Compared:
+        reply = self.process.request("compare", Compare(session, kind, index, tensors, share_dir).to_json())
+        return Compared.from_json(reply)
+
+    def close_session(self, session: int) -> None:
+        with contextlib.suppress(ReferenceError):
+            self.process.request("close", {"session": session})
+
+    def close(self) -> None:
+        self.process.close()
+
+
+def _codes(task: Task) -> list[str]:
+    smaller = shrink_once(task.code, task.id)
+    return [task.code, smaller] if smaller else [task.code]
+
+
+def _cases(settings: ReferenceSettings, n_codes: int) -> list[Case]:
+    cases = [Case(0, s) for s in settings.check_seeds]
+    if n_codes > 1:
+        cases.append(Case(1, settings.extra_size_seed))
+    return cases

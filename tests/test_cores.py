@@ -1,0 +1,152 @@
+"""Cores kept for timing (oracle/cores.py) and workers started on them (oracle/sandbox.py's `placement`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from oracle.cores import CorePlan, Placement, plan_cores
+from oracle.harness import build_entry
+from oracle.sandbox import Worker, _descendants, run_to_result
+
+CANDIDATES = Path(__file__).parent / "candidates"
+ALLOWED = sorted(os.sched_getaffinity(0))
+OWN_NICE = os.getpriority(os.PRIO_PROCESS, 0)
+needs_two_cores = pytest.mark.skipif(len(ALLOWED) < 2 or OWN_NICE >= 19,
+                                     reason="needs two cores and room to lower the priority")
+
+
+def test_a_plan_keeps_cores_for_timing_and_gives_builds_the_rest():
+    two = plan_cores([0, 1])
+    assert two == CorePlan(timing=(1,), builds=(0,)) and two.reserved
+    sixteen = plan_cores(range(16), siblings=lambda c: {c})
+    assert sixteen.timing == (15,) and sixteen.builds == tuple(range(15))
+    assert len(plan_cores(range(64), siblings=lambda c: {c}).timing) == 2
+    assert plan_cores(range(8), timing_cores=3, siblings=lambda c: {c}).timing == (5, 6, 7)
+    # SMT: the timing core's sibling is kept from the builds too, unless that leaves them nothing
+    smt = plan_cores(range(16), siblings=lambda c: {c % 8, c % 8 + 8})
+    assert smt.timing == (7, 15) and 7 not in smt.builds and 15 not in smt.builds
+    assert plan_cores([0, 8], siblings=lambda c: {c % 8, c % 8 + 8}).timing == (8,)
+    one = plan_cores([3])
+    assert not one.reserved and one.timing == one.builds == (3,)
+    assert plan_cores([0, 1], build_nice=15).for_builds == Placement((0,), 15)
+    assert plan_cores([0, 1]).for_timing == Placement((1,), 0)
+
+
+PROBE = '''
+import json, os, subprocess, sys, threading
+
+def here():
+    return {"cores": sorted(os.sched_getaffinity(0)), "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+
+seen = {}
+t = threading.Thread(target=lambda: seen.update(thread=here()))
+t.start()
+t.join()
+code = "import json, os; print(json.dumps({'cores': sorted(os.sched_getaffinity(0)), 'nice': os.getpriority(os.PRIO_PROCESS, 0)}))"
+child = subprocess.run(["/bin/sh", "-c", f"{sys.executable} -c \\"{code}\\""], capture_output=True, text=True, check=True)
+seen.update(worker=here(), grandchild=json.loads(child.stdout))
+open("placement.json", "w").write(json.dumps(seen))
+'''
+
+
+def _placement_seen(tmp_path: Path, placement: Placement | None) -> dict:
+    """What a build worker (its main thread, a thread, and a process two levels below) reports of its
+    cores and niceness."""
+    job = {"cache": str(tmp_path), "candidate_path": "probe.py", "build_timeout_s": 60}
+    worker = Worker(build_entry, job, files={"probe.py": PROBE}, placement=placement)
+    try:
+        outcome = run_to_result(worker, close=False)
+        assert outcome.result is not None and outcome.result["error_kind"] is None, (outcome, worker.stderr_tail())
+        return json.loads((worker.dir / "placement.json").read_text())
+    finally:
+        worker.close()
+
+
+@needs_two_cores
+def test_a_worker_placed_on_a_core_runs_there_niced_and_so_do_its_threads_and_children(tmp_path):
+    placement = Placement(cores=(ALLOWED[-1],), nice=min(19, OWN_NICE + 6))
+    seen = _placement_seen(tmp_path, placement)
+    expected = {"cores": [ALLOWED[-1]], "nice": placement.nice}
+    assert seen == {"worker": expected, "thread": expected, "grandchild": expected}
+    unplaced = _placement_seen(tmp_path, None)  # the same probe without a placement: every core, our nice
+    assert unplaced["grandchild"] == {"cores": ALLOWED, "nice": OWN_NICE}
+
+
+def _thread_state(pid: int, tid: int) -> tuple[str, int]:
+    status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+    cores = next(line.split(":", 1)[1].strip() for line in status.splitlines() if line.startswith("Cpus_allowed_list"))
+    nice = int(Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    return cores, nice
+
+
+HOLDER = '''
+import subprocess, sys, threading, time
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+child = subprocess.Popen(["sleep", "60"])
+print("ready", child.pid, flush=True)
+sys.stdin.read()
+child.kill()
+'''
+
+
+@needs_two_cores
+def test_a_running_process_is_placed_with_every_thread_and_child(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        word, child = proc.stdout.readline().split()
+        assert word == "ready"
+        placement = Placement(cores=(ALLOWED[0],), nice=min(19, OWN_NICE + 4))
+        assert placement.apply_to(proc.pid) == []
+        pids = [proc.pid, *_descendants(proc.pid)]
+        assert int(child) in pids
+        states = {(pid, tid): _thread_state(pid, int(tid)) for pid in pids for tid in os.listdir(f"/proc/{pid}/task")}
+        assert len(states) >= 3  # the main thread, its sleeping thread, the child
+        assert set(states.values()) == {(str(ALLOWED[0]), placement.nice)}, states
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+
+
+def test_a_placement_never_raises_priority_and_reports_what_it_could_not_do():
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        os.setpriority(os.PRIO_PROCESS, proc.pid, min(19, OWN_NICE + 3))
+        assert Placement(cores=None, nice=OWN_NICE + 1).apply_to(proc.pid) == []
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == min(19, OWN_NICE + 3)  # not made less nice
+        assert Placement(cores=(10_000,)).apply_to(proc.pid)  # no such core: reported, not raised
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow
+@needs_two_cores
+def test_a_real_build_runs_its_compiler_on_the_build_cores(tmp_path):
+    """The C++ compiler a build worker starts (through torch's load_inline and ninja) inherits the
+    worker's cores and niceness."""
+    placement = Placement(cores=(ALLOWED[0],), nice=min(19, OWN_NICE + 5))
+    job = {"cache": str(tmp_path), "candidate_path": "candidate.py", "build_timeout_s": 600}
+    worker = Worker(build_entry, job, files={"candidate.py": (CANDIDATES / "leaky_correct.py").read_text()},
+                    placement=placement)
+    try:
+        compiler = None
+        deadline = time.monotonic() + 120
+        while compiler is None and time.monotonic() < deadline and worker.process.is_alive():
+            for pid in _descendants(worker.process.pid):
+                try:
+                    if Path(f"/proc/{pid}/comm").read_text().strip() == "cc1plus":
+                        compiler = pid
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        assert compiler is not None, "no compiler seen"
+        assert _thread_state(compiler, compiler) == (str(ALLOWED[0]), placement.nice)
+    finally:
+        worker.close()

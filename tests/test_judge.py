@@ -1,0 +1,115 @@
+"""The judging rules as pure functions (oracle/judge.py) and the hand-over of outputs (oracle/shared_tensors.py),
+without any worker process."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from oracle import judge
+from oracle.protocol import Checked, OutputsReady, WorkerResult
+from oracle.shared_tensors import SharedTensor, ShareError, export_tensor, import_tensor
+
+
+def checked(**kw) -> Checked:
+    return Checked(**{"own_calls": 3, "ops": ["aten::empty"], "kernels": ["k_relu"], "extensions": ["e"],
+                      "compiled_now": False, **kw})
+
+
+def test_outputs_within_tolerance_pass_and_a_wrong_element_is_named():
+    ref = [torch.randn(32, 32)]
+    assert judge.output_problem([ref[0] + 1e-6], ref, "check 1 of 6") is None
+    bad = ref[0].clone()
+    bad[2, 3] += 1.0
+    message = judge.output_problem([bad], ref, "check 1 of 6")
+    assert message.startswith("check 1 of 6: output: 1 of 1024 elements wrong") and "at [2, 3]" in message
+    assert "forward returned 2 output(s), expected 1" in judge.output_problem([bad, bad], ref, "check 2 of 6")
+
+
+def test_a_later_call_changing_an_earlier_output_is_caught():
+    first = [torch.tensor([1.0, float("nan")])]
+    assert judge.unchanged(first, [torch.tensor([1.0, float("nan")])])
+    assert not judge.unchanged(first, [torch.tensor([2.0, float("nan")])])
+
+
+def test_own_kernel_rules():
+    source = "__global__ void relu_kernel(float* x) {}"
+    assert judge.own_kernel_problem("cuda", source, checked(), ["aten::relu"]) is not None  # k_relu is not relu_kernel
+    assert judge.own_kernel_problem("cuda", source, checked(kernels=["void relu_kernel(float*)"]), ["aten::relu"]) is None
+    assert "never called" in judge.own_kernel_problem("cpp", "", checked(own_calls=0), ["aten::relu"])
+    fallback = judge.own_kernel_problem("cpp", "", checked(ops=["aten::relu", "aten::mul"]), ["aten::relu", "aten::mul"])
+    assert "still calls every PyTorch operator" in fallback
+
+
+def test_a_worker_can_report_failures_only():
+    assert judge.worker_failure({"status": "incorrect", "message": "x"}) == ("incorrect", "x")
+    status, message = judge.worker_failure({"status": "correct"})
+    assert status == "runtime_error" and "unexpected result" in message
+    assert judge.worker_failure("garbage")[0] == "runtime_error"
+
+
+def timing(median: float, wall: float | None = None) -> dict:
+    return {"median_ms": median, "wall_ms": wall if wall is not None else median, "external_ms": None}
+
+
+def test_score_correct_with_speedup_and_flags():
+    fields = judge.score(timing(1.0), {"median_ms": 2.0, "wall_ms": 2.0}, None, [], kernel_ms=0.9)
+    assert fields["status"] == "correct" and fields["speedup_vs_eager"] == pytest.approx(2.0)
+    assert "launch_bound" not in fields["flags"] and "2.00x eager" in fields["message"]
+    launch = judge.score(timing(1.0), {"median_ms": 2.0, "wall_ms": 2.0}, None, [], kernel_ms=0.1)
+    assert "launch_bound" in launch["flags"] and launch["timing"]["gpu_busy_fraction"] == pytest.approx(0.1)
+
+
+def test_score_falls_back_to_the_wall_clock_and_rejects_below_the_floor():
+    missed = judge.score(timing(0.1, wall=1.0), {"median_ms": 1.0, "wall_ms": 1.0}, None, [])
+    assert "wall_clock_disagrees" in missed["flags"] and missed["time_ms"] == 1.0
+    floor = {"sol_ms": 0.5, "bytes": 1e6, "flops": 1e9}
+    fast = judge.score(timing(0.1), {"median_ms": 1.0, "wall_ms": 1.0}, floor, [])
+    assert fast["status"] == "rejected" and "below_floor" in fast["flags"]
+
+
+def test_the_compile_baseline_arrives_later():
+    fields = judge.score(timing(1.0), {"median_ms": 2.0, "wall_ms": 2.0}, None, [])
+    both = judge.with_compile_baseline(fields, {"median_ms": 4.0}, None)
+    assert both["speedup_vs_compile"] == pytest.approx(4.0) and "4.00x torch.compile" in both["message"]
+    failed = judge.with_compile_baseline(fields, None, "inductor failed")
+    assert failed["compile_ms"] is None and failed["timing"]["compile_error"] == "inductor failed"
+
+
+def test_records_round_trip_through_json_and_refuse_malformed_ones():
+    ready = OutputsReady("check", 0, [None])
+    assert OutputsReady.from_json(json.loads(json.dumps(ready.to_json()))) == ready
+    assert WorkerResult.from_json({"status": "timed", "extra": 1}).status == "timed"
+    with pytest.raises(ValueError):
+        OutputsReady.from_json({"kind": "check"})
+    with pytest.raises(ValueError):
+        Checked.from_json(["not", "an", "object"])
+
+
+def test_cpu_outputs_round_trip_through_a_memory_file(tmp_path):
+    t = torch.randn(6, 10)[:, 2:7]  # a non-contiguous view
+    t[0, 0] = float("nan")
+    desc = SharedTensor.from_json(json.loads(json.dumps(export_tensor(t, tmp_path, 3).to_json())))
+    back = import_tensor(desc, tmp_path)
+    assert back.shape == t.shape and torch.equal(back.nan_to_num(0), t.nan_to_num(0))
+    for dtype in (torch.int64, torch.bool, torch.bfloat16):
+        x = (torch.arange(7) % 2).to(dtype)
+        assert torch.equal(import_tensor(export_tensor(x, tmp_path, 4), tmp_path), x)
+
+
+def test_hostile_descriptors_are_refused(tmp_path):
+    good = export_tensor(torch.ones(4), tmp_path, 0).to_json()
+    for bad in ({**good, "file": "../../etc/passwd"}, {**good, "dtype": "object"}, {**good, "shape": [-1]},
+                {**good, "ipc": {"device": 0}}, {**good, "file": None}, "not a dict"):
+        with pytest.raises(ShareError):
+            SharedTensor.from_json(bad)
+    too_far = SharedTensor.from_json({**good, "shape": [400]})
+    with pytest.raises(ShareError, match="past its storage"):
+        import_tensor(too_far, tmp_path)
+    os.symlink("/etc/hostname", tmp_path / "o_9.bin")  # a link to a file the oracle can read
+    linked = SharedTensor.from_json({**good, "file": "o_9.bin"})
+    with pytest.raises(ShareError):
+        import_tensor(linked, tmp_path)
