@@ -436,6 +436,8 @@ def test_report_json_is_json_alone_and_a_run_from_before_sample_records_reads_ba
     assert run["cost"]["tokens"] == 400 and run["cost"]["device_s"] > 0
     tables = kernelsearch("report", str(FIXTURE_V1))
     assert tables.returncode == 0 and "2 ok, 1 wrong, 1 no code" in tables.stdout
+    budget = kernelsearch("report", str(FIXTURE_V1), "--json", "--by", "samples")  # the budget view too
+    assert budget.returncode == 0 and json.loads(budget.stdout)["budget"]["by"] == "samples"
 
 
 def test_ids_and_headers_are_not_cut_when_the_output_is_not_a_terminal(tmp_path):
