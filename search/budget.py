@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from search.stats import FAST_PS, expected_best_speedup_all_k, level_of, pass_at_all_k
+from search.stats import FAST_PS, int_or_none, number_or_none, expected_best_speedup_all_k, level_of, pass_at_all_k
 
 UNITS = ("samples", "tokens", "gpu-seconds")
 UNIT_TEXT = {"samples": "samples", "tokens": "generated tokens", "gpu-seconds": "generation + oracle device seconds"}
@@ -379,21 +379,11 @@ def overtake(a: Sequence[TaskCurve], b: Sequence[TaskCurve], labels: tuple[str, 
 # ---------------------------------------------------------------- the adapter from a run folder's records
 
 
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    return float(x) if math.isfinite(x) else None
-
-
-def _int(x: Any) -> int | None:
-    return int(x) if isinstance(x, int) and not isinstance(x, bool) else None
-
-
 def _chained(config: Mapping[str, Any]) -> bool:
     """For runs recorded before samples named their chain: did rounds build on each other? (As the
     controller decides: more than one round, with a strategy whose later rounds differ per chain.)"""
     plan = config.get("plan") if isinstance(config.get("plan"), dict) else {}
-    if (_int(plan.get("rounds")) or 1) <= 1:
+    if (int_or_none(plan.get("rounds")) or 1) <= 1:
         return False
     from strategies import STRATEGIES
 
@@ -402,7 +392,7 @@ def _chained(config: Mapping[str, Any]) -> bool:
 
 
 def _step_key(step: Mapping[str, Any]) -> tuple[Any, Any] | None:
-    return (step.get("step"), step["seed"]) if isinstance(step, Mapping) and _int(step.get("seed")) is not None else None
+    return (step.get("step"), step["seed"]) if isinstance(step, Mapping) and int_or_none(step.get("seed")) is not None else None
 
 
 def budget_records(records: Sequence[Mapping[str, Any]], config: Mapping[str, Any] | None = None) -> BudgetRecords:
@@ -431,29 +421,29 @@ def budget_records(records: Sequence[Mapping[str, Any]], config: Mapping[str, An
         for key, count in counts.items():
             if count > 1:
                 step = steps_of[key]
-                out.shared.append(SharedStep(task, _int(step.get("tokens")) or 0, _num(step.get("generation_s"))))
+                out.shared.append(SharedStep(task, int_or_none(step.get("tokens")) or 0, number_or_none(step.get("generation_s"))))
     for r in records:
         if r.get("status") == "cancelled":
             continue
         task = r["task"]
         own = [s for s in r.get("agent_steps") or [] if isinstance(s, Mapping) and "tokens" in s
                and (_step_key(s) is None or seen[task][_step_key(s)] == 1)]
-        generation = _num(r.get("generation_s"))
-        own_s = [_num(s.get("generation_s")) if _int(s.get("tokens")) else 0.0 for s in own]  # nothing made: no time
+        generation = number_or_none(r.get("generation_s"))
+        own_s = [number_or_none(s.get("generation_s")) if int_or_none(s.get("tokens")) else 0.0 for s in own]  # nothing made: no time
         if generation is not None:
             generation = None if any(x is None for x in own_s) else generation + sum(own_s)
-        chain = _int(r.get("chain"))
+        chain = int_or_none(r.get("chain"))
         if chain is None:
-            chain = _int(r.get("sample")) if chained else _int(r.get("sample_number"))
+            chain = int_or_none(r.get("sample")) if chained else int_or_none(r.get("sample_number"))
         correct = r.get("status") == "correct"
-        if (r.get("status") in ON_DEVICE and r.get("duplicate_of") is None and _num(r.get("verify_s")) is None
-                and _num(r.get("time_s")) is None):
+        if (r.get("status") in ON_DEVICE and r.get("duplicate_of") is None and number_or_none(r.get("verify_s")) is None
+                and number_or_none(r.get("time_s")) is None):
             out.unclocked += 1
         out.samples.append(BudgetSample(
             task=task, level=level_of(task, levels.get(task)), chain=chain if chain is not None else -1 - len(out.samples),
-            round=_int(r.get("round")) or 0, correct=correct,
-            speedup_vs_eager=(_num(r.get("speedup_vs_eager")) or 0.0) if correct else 0.0,
-            tokens=(_int(r.get("tokens")) or 0) + sum(_int(s.get("tokens")) or 0 for s in own),
+            round=int_or_none(r.get("round")) or 0, correct=correct,
+            speedup_vs_eager=(number_or_none(r.get("speedup_vs_eager")) or 0.0) if correct else 0.0,
+            tokens=(int_or_none(r.get("tokens")) or 0) + sum(int_or_none(s.get("tokens")) or 0 for s in own),
             generation_s=generation,
-            oracle_device_s=(_num(r.get("verify_s")) or 0.0) + (_num(r.get("time_s")) or 0.0)))
+            oracle_device_s=(number_or_none(r.get("verify_s")) or 0.0) + (number_or_none(r.get("time_s")) or 0.0)))
     return out

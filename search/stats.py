@@ -221,21 +221,21 @@ def powers_of_two(n: int) -> list[int]:
 # ---------------------------------------------------------------- one run
 
 
-def _num(x: Any) -> float | None:
+def number_or_none(x: Any) -> float | None:
     """A finite number from a record field, or None (missing, null, a string, NaN)."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
     return float(x) if math.isfinite(x) else None
 
 
-def _int(x: Any) -> int | None:
+def int_or_none(x: Any) -> int | None:
     return int(x) if isinstance(x, int) and not isinstance(x, bool) else None
 
 
 def level_of(task_id: str, config_level: Any = None) -> str:
     """The level a task is broken down under: the config's task level, else the `levelN/` prefix of
     its id, else whatever prefix it has (`builtin`), else `other`."""
-    if _int(config_level) is not None:
+    if int_or_none(config_level) is not None:
         return f"level{config_level}"
     m = re.match(r"^(level\d+)/", task_id)
     if m:
@@ -345,11 +345,11 @@ class RunStats:
         # a torch.compile baseline: asked for (None means the oracle's default, on cuda only) or present in the data
         baseline = self.config.get("compile_baseline")
         self.compile_available = baseline is True or (baseline is None and self.config.get("device") == "cuda") or any(
-            _num(r.get("speedup_vs_compile")) is not None or _num(r.get("compile_ms")) is not None for r in self.records)
+            number_or_none(r.get("speedup_vs_compile")) is not None or number_or_none(r.get("compile_ms")) is not None for r in self.records)
 
         self.tasks: dict[str, TaskStats] = {tid: TaskStats(tid, level_of(tid, lvl)) for tid, lvl in levels.items()}
         by_strategy: dict[str, dict[str, TaskStats]] = defaultdict(dict)
-        for r in sorted(self.records, key=lambda r: (_int(r.get("sample_number")) is None, _int(r.get("sample_number")) or 0)):
+        for r in sorted(self.records, key=lambda r: (int_or_none(r.get("sample_number")) is None, int_or_none(r.get("sample_number")) or 0)):
             tid = r["task"]
             if tid not in self.tasks:
                 self.tasks[tid] = TaskStats(tid, level_of(tid, levels.get(tid)))
@@ -360,9 +360,9 @@ class RunStats:
                 self._add(t, r)
         for tid, t in self.tasks.items():
             verdict = (best or {}).get(tid)
-            if isinstance(verdict, dict) and verdict.get("status") == "correct" and _num(verdict.get("speedup_vs_eager")):
-                t.best_speedup_vs_eager = _num(verdict.get("speedup_vs_eager"))
-                t.best_speedup_vs_compile = _num(verdict.get("speedup_vs_compile"))
+            if isinstance(verdict, dict) and verdict.get("status") == "correct" and number_or_none(verdict.get("speedup_vs_eager")):
+                t.best_speedup_vs_eager = number_or_none(verdict.get("speedup_vs_eager"))
+                t.best_speedup_vs_compile = number_or_none(verdict.get("speedup_vs_compile"))
                 t.best_retimed = True
             else:
                 t.best_speedup_vs_eager = t.best_sample_speedup_vs_eager
@@ -387,8 +387,8 @@ class RunStats:
     def _add(t: TaskStats, r: dict[str, Any]) -> None:
         status = str(r["status"])
         t.status_counts[status] = t.status_counts.get(status, 0) + 1
-        t.tokens += _int(r.get("tokens")) or 0
-        t.device_s += _num(r.get("time_s")) or 0.0
+        t.tokens += int_or_none(r.get("tokens")) or 0
+        t.device_s += number_or_none(r.get("time_s")) or 0.0
         if status == "cancelled":
             t.cancelled += 1
             return
@@ -396,23 +396,23 @@ class RunStats:
         if r.get("duplicate_of") is not None:
             t.duplicates += 1
         ok = status == "correct"
-        t.speedups_vs_eager.append((_num(r.get("speedup_vs_eager")) or 0.0) if ok else 0.0)
-        t.speedups_vs_compile.append((_num(r.get("speedup_vs_compile")) or 0.0) if ok else 0.0)
+        t.speedups_vs_eager.append((number_or_none(r.get("speedup_vs_eager")) or 0.0) if ok else 0.0)
+        t.speedups_vs_compile.append((number_or_none(r.get("speedup_vs_compile")) or 0.0) if ok else 0.0)
         if ok:
             t.correct += 1
-            number = _int(r.get("sample_number"))
+            number = int_or_none(r.get("sample_number"))
             if number is not None and (t.first_correct_sample_number is None or number < t.first_correct_sample_number):
                 t.first_correct_sample_number = number
 
     def _cost(self) -> dict[str, Any]:
         """What the run spent, and what it bought per unit spent."""
-        tokens = sum(_int(r.get("tokens")) or 0 for r in self.records)
-        prompt_tokens = sum(_int(r.get("prompt_tokens")) or 0 for r in self.records)
-        device_s = sum(_num(r.get("time_s")) or 0.0 for r in self.records)
-        build_s = sum(_num(r.get("build_s")) or 0.0 for r in self.records)
-        verify_s = sum(_num(r.get("verify_s")) or 0.0 for r in self.records)
-        times = [t for t in (_num(r.get("recorded_at")) for r in self.records) if t is not None]
-        started = _num(self.config.get("started_at"))
+        tokens = sum(int_or_none(r.get("tokens")) or 0 for r in self.records)
+        prompt_tokens = sum(int_or_none(r.get("prompt_tokens")) or 0 for r in self.records)
+        device_s = sum(number_or_none(r.get("time_s")) or 0.0 for r in self.records)
+        build_s = sum(number_or_none(r.get("build_s")) or 0.0 for r in self.records)
+        verify_s = sum(number_or_none(r.get("verify_s")) or 0.0 for r in self.records)
+        times = [t for t in (number_or_none(r.get("recorded_at")) for r in self.records) if t is not None]
+        started = number_or_none(self.config.get("started_at"))
         wall_s = None
         if times:
             start = started if started is not None and started <= min(times) else min(times)
@@ -448,8 +448,8 @@ class RunStats:
     def _to_json(self) -> dict[str, Any]:
         s = self.summary
         n_planned = None
-        if _int(self.plan.get("n")) is not None:
-            n_planned = self.plan["n"] * (_int(self.plan.get("rounds")) or 1)
+        if int_or_none(self.plan.get("n")) is not None:
+            n_planned = self.plan["n"] * (int_or_none(self.plan.get("rounds")) or 1)
 
         def breakdown(groups: dict[str, list[TaskStats]]) -> dict[str, Any]:
             return {g: summarize(ts, self.ps, self.compile_available) for g, ts in groups.items()}
