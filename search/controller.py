@@ -281,7 +281,7 @@ class Controller:
             "build_s": 0.0 if duplicate_of is not None else v.get("build_s"),
             "verify_s": None if duplicate_of is not None else v.get("verify_s"),
             "time_s": None if duplicate_of is not None else v.get("time_s"),
-            "flags": v.get("flags", []), "sizes": dict(state.task.sizes),
+            "flags": v.get("flags", []), "node": v.get("node"), "sizes": dict(state.task.sizes),
             "tokens": completion.tokens, "prompt_tokens": completion.prompt_tokens, "finish_reason": completion.finish_reason,
             "completion": completion.text, "messages": messages, "agent_steps": list(agent_steps or []),
             "recorded_at": time.time(),
