@@ -94,7 +94,7 @@ def placed_here(placement: Placement, node: NodeShape, generator: str) -> list[s
 
 
 def plan_table(placement: Placement, generator: str) -> Table:
-    table = Table(title="what a run places where", title_justify="left")
+    table = Table(title="what a run places where", title_justify="left", caption_justify="left")
     for col, justify in (("node", "left"), ("CPUs", "right"), ("GPUs", "right"), ("a run places here", "left")):
         table.add_column(col, justify=justify)
     for node in placement.nodes:
@@ -123,7 +123,8 @@ def cluster_command(
     from search.runner import RunSettings, plan_for, start_ray
 
     dev = resolve_device(device)
-    generator = generator or "replay:-"
+    shown = generator.split(":", 1)[0] if generator else "replay or endpoint"
+    generator = generator or "replay:-"  # the plan only asks whether the generator needs GPUs
     try:
         parse_generator_spec(generator)
     except GeneratorError as exc:
@@ -144,4 +145,4 @@ def cluster_command(
         return
     where = f"the Ray cluster at {address}" if address else "a local Ray cluster (as a run without --address starts)"
     console.print(f"{where}: {len(placement.nodes)} node(s)", highlight=False)
-    console.print(plan_table(placement, generator.split(":", 1)[0]))
+    console.print(plan_table(placement, shown))
