@@ -24,7 +24,7 @@ cluster`) and known afterwards:
 - CPU oracles (`--device cpu`): one per node that has a CPU for it; Ray alone would pack them onto one node.
 - GPU oracles: spread over the nodes' GPUs, the node with the most GPUs left first, so that by default
   every GPU of every node not taken by the generator holds one oracle.
-- A vLLM replica needs its `tensor_parallel_size` GPUs on one node (the smallest node that fits), as does a
+- A vLLM replica needs its `tensor_parallel_size` GPUs on one node (the first that has them), as does a
   shared placement group, which is pinned to its node by Ray's `ray.io/node-id` label.
 - A generator that needs no GPU (replay, an OpenAI endpoint) runs on the driver's node, where its file or
   its endpoint's address means what the user meant.
@@ -169,8 +169,9 @@ def _plan_requests(cluster_gpus: float, device: str, oracle_gpus: int | None, ge
 def place_on_nodes(placement: Placement, nodes: list[NodeShape], device: str) -> Placement:
     """Give every actor of a plan its node; `PlacementError` when no node can hold a replica or a group.
 
-    Generators and placement groups first (each needs its GPUs on one node: the smallest node that fits),
-    then whole-GPU oracles one by one on the node with the most GPUs left. CPU oracles: one per node."""
+    Placement groups and generators first (each needs its GPUs on one node: the first in `nodes` order,
+    the driver's first, that has them left), then whole-GPU oracles one by one on the node with the most
+    GPUs left. CPU oracles: one per node."""
     driver = next((n for n in nodes if n.driver), nodes[0])
     free = {n.node_id: int(n.gpus) for n in nodes}
     order = {n.node_id: i for i, n in enumerate(nodes)}
@@ -180,9 +181,8 @@ def place_on_nodes(placement: Placement, nodes: list[NodeShape], device: str) ->
         if not fits:
             raise PlacementError(f"{what} needs {gpus} GPU(s) on one node; the nodes have "
                                  f"{', '.join(str(int(n.gpus)) for n in nodes)}")
-        node = min(fits, key=lambda n: (free[n.node_id], order[n.node_id])).node_id
-        free[node] -= gpus
-        return node
+        free[fits[0].node_id] -= gpus
+        return fits[0].node_id
 
     group_nodes = [take(size, f"placement group {g} (a generator replica sharing its GPUs)")
                    for g, size in enumerate(placement.groups)]
