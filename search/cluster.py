@@ -33,7 +33,7 @@ def split_address(address: str) -> tuple[str, int]:
     host, sep, port = address.strip().rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ClusterError(f"--address must be HOST:PORT (the head node's `ray start --head --port`), not '{address}'")
+        raise ClusterError(f"--address must be HOST:PORT (the head node's `ray start --head --port`) or auto, not '{address}'")
     return host, int(port)
 
 
@@ -50,11 +50,12 @@ def join_cluster(address: str, **init_kwargs: Any) -> None:
     """`ray.init` on a running cluster, with the project's packages shipped to its nodes."""
     import ray
 
-    host, port = split_address(address)
-    why = reachable(host, port)
-    if why is not None:
-        raise ClusterError(f"no Ray cluster answers at {address} ({why}): start one there with "
-                           f"`ray start --head --port {port}`, or check the address")
+    if address != "auto":  # "auto": the cluster `ray start` last started on this machine (Ray finds it)
+        host, port = split_address(address)
+        why = reachable(host, port)
+        if why is not None:
+            raise ClusterError(f"no Ray cluster answers at {address} ({why}): start one there with "
+                               f"`ray start --head --port {port}`, or check the address")
     try:
         runtime_env = cluster_runtime_env()
     except PlacementError as exc:

@@ -32,8 +32,10 @@ from tasks.model import Task
 _DEAD = (RayActorError, ActorUnschedulableError)  # the actor died, is unreachable, or cannot be placed again
 
 
-def actor_options(p: ActorPlacement, groups: list[Any]) -> dict[str, Any]:
-    """Ray actor options for a placement: its GPUs, its bundle of a placement group or its node, its environment."""
+def actor_options(p: ActorPlacement, groups: list[Any], hard_node: bool = True) -> dict[str, Any]:
+    """Ray actor options for a placement: its GPUs, its bundle of a placement group or its node, its environment.
+    hard_node: it runs on its node or not at all (oracles); otherwise its node is preferred, and a restart
+    after the node is lost may go elsewhere (generators, whose samples Ray's restart keeps coming)."""
     options: dict[str, Any] = {}
     if p.num_gpus:
         options["num_gpus"] = p.num_gpus
@@ -42,10 +44,10 @@ def actor_options(p: ActorPlacement, groups: list[Any]) -> dict[str, Any]:
 
         options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
             groups[p.group], placement_group_bundle_index=p.bundle, placement_group_capture_child_tasks=True)
-    elif p.node is not None:  # hard: an oracle that lost its node must not come back elsewhere unannounced
+    elif p.node is not None:  # an oracle that lost its node must not come back elsewhere unannounced
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(p.node, soft=False)
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(p.node, soft=not hard_node)
     if p.env:
         options["runtime_env"] = {"env_vars": dict(p.env)}
     return options

@@ -128,7 +128,7 @@ async def build_engine(settings: RunSettings) -> Engine:
             raise RuntimeError(f"cannot reserve {size} GPU(s) on one node for a generator replica") from None
         groups.append(group)
     options = {"seed": settings.plan.seed, **placement.generator_options, **settings.generator_options}
-    actors = [GeneratorActor.options(num_cpus=0, **actor_options(p, groups)).remote(settings.generator, options)
+    actors = [GeneratorActor.options(num_cpus=0, **actor_options(p, groups, hard_node=False)).remote(settings.generator, options)
               for p in placement.generators]
     try:
         infos = await asyncio.gather(*(a.describe.remote() for a in actors))

@@ -109,6 +109,17 @@ def test_no_node_is_given_more_gpus_than_it_has():
                     assert whole + groups <= n.gpus, (shape, tp, k)
 
 
+def test_oracles_are_held_to_their_node_and_generators_prefer_theirs():
+    from search.placement import ActorPlacement
+    from search.pool import actor_options
+
+    oracle = actor_options(ActorPlacement(0.0, node="n1"), [])["scheduling_strategy"]
+    generator = actor_options(ActorPlacement(1.0, node="n0"), [], hard_node=False)
+    assert (oracle.node_id, oracle.soft) == ("n1", False)
+    assert generator["num_gpus"] == 1.0 and (generator["scheduling_strategy"].node_id, generator["scheduling_strategy"].soft) == ("n0", True)
+    assert "scheduling_strategy" not in actor_options(ActorPlacement(0.0), [])  # a plan without nodes: Ray decides
+
+
 def test_the_pool_picks_the_least_loaded_oracle_in_turn():
     assert pick_oracle([0, 0], [True, True], last=-1) == 0
     assert pick_oracle([0, 0], [True, True], last=0) == 1  # finished before the next arrived: still in turn
@@ -138,7 +149,7 @@ def test_a_wrong_address_is_one_line():
 
     assert split_address("10.0.0.2:6379") == ("10.0.0.2", 6379) and split_address("[::1]:10001") == ("::1", 10001)
     for bad in ("10.0.0.2", "host:port", ":6379", "h:0"):
-        with pytest.raises(ClusterError, match="HOST:PORT"):
+        with pytest.raises(ClusterError, match="HOST:PORT.* or auto"):
             split_address(bad)
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
