@@ -113,10 +113,11 @@ def test_oracles_are_held_to_their_node_and_generators_prefer_theirs():
     from search.placement import ActorPlacement
     from search.pool import actor_options
 
-    oracle = actor_options(ActorPlacement(0.0, node="n1"), [])["scheduling_strategy"]
-    generator = actor_options(ActorPlacement(1.0, node="n0"), [], hard_node=False)
-    assert (oracle.node_id, oracle.soft) == ("n1", False)
-    assert generator["num_gpus"] == 1.0 and (generator["scheduling_strategy"].node_id, generator["scheduling_strategy"].soft) == ("n0", True)
+    n0, n1 = "0a" * 28, "1b" * 28  # Ray node ids are hex
+    oracle = actor_options(ActorPlacement(0.0, node=n1), [])["scheduling_strategy"]
+    generator = actor_options(ActorPlacement(1.0, node=n0), [], hard_node=False)
+    assert (oracle.node_id, oracle.soft) == (n1, False)
+    assert generator["num_gpus"] == 1.0 and (generator["scheduling_strategy"].node_id, generator["scheduling_strategy"].soft) == (n0, True)
     assert "scheduling_strategy" not in actor_options(ActorPlacement(0.0), [])  # a plan without nodes: Ray decides
 
 
