@@ -258,8 +258,8 @@ class OraclePool:
             if slot.lost:
                 return {"dead": True, "lost": True, **where}
             try:
-                return {**await asyncio.wait_for(slot.actor.stats.remote(), timeout=10), **where}
-            except (*_DEAD, RayTaskError, asyncio.TimeoutError):
+                return {**await slot.actor.stats.remote(), **where}
+            except (*_DEAD, RayTaskError):
                 return {"dead": True, **where}
 
         return list(await asyncio.gather(*(one(o) for o in self.oracles)))
