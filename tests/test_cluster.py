@@ -217,8 +217,9 @@ class LocalCluster:
         log = self.root / f"node-{name}.log"
         env = {**self.env, "KERNELSEARCH_CACHE": str(cache)}
         env.pop("PYTHONPATH", None)  # the code reaches the nodes through the run's runtime environment
-        process = subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=self.root, env=env,
-                                   start_new_session=True, preexec_fn=_die_with_parent)
+        with open(log, "w") as stdout:
+            process = subprocess.Popen(args, stdout=stdout, stderr=subprocess.STDOUT, cwd=self.root, env=env,
+                                       start_new_session=True, preexec_fn=_die_with_parent)
         node = self.nodes[name] = Node(name, ip, process, log, cache)
         return node
 
@@ -357,6 +358,16 @@ def started(gates: Path, node: str) -> set[str]:
     return {p.name.split(".")[2] for p in gates.glob(f"started.{node}.*")}
 
 
+def start_run(drivers: list[subprocess.Popen], log: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
+    """`kernelsearch run` on the test task with CPU oracles and plain-PyTorch candidates, in the background."""
+    with open(log, "w") as stdout:
+        run = subprocess.Popen([sys.executable, "-m", "search.cli", "run", "--device", "cpu", "--tasks", TASK,
+                                "--max-input-mb", "0.25", "--allow-torch", "--no-early-stop", *args],
+                               cwd=ROOT, env=env, stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True)
+    drivers.append(run)
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_a_run_on_two_nodes_loses_one_then_a_killed_driver_resumes(cluster, tmp_path):
@@ -377,13 +388,9 @@ def test_a_run_on_two_nodes_loses_one_then_a_killed_driver_resumes(cluster, tmp_
         # 1. A run over both nodes; node b's raylet is killed while it holds a sample.
         expected = write_completions(tmp_path / "lost.jsonl", gates, ["ok1", "wrong1", "wrong2", "wrong3", "wrong4", "prose"])
         out = tmp_path / "lost"
-        run = subprocess.Popen(
-            [sys.executable, "-m", "search.cli", "run", "--address", cluster.address, "--device", "cpu",
-             "--tasks", TASK, "--max-input-mb", "0.25", "--allow-torch", "--generator", f"replay:{tmp_path / 'lost.jsonl'}",
-             "-n", "6", "--no-early-stop", "--out", str(out)],
-            cwd=ROOT, env=env, stdout=open(tmp_path / "lost.out", "w"), stderr=subprocess.STDOUT, start_new_session=True)
-        drivers.append(run)
         log = tmp_path / "lost.out"
+        run = start_run(drivers, log, env, "--address", cluster.address, "--generator", f"replay:{tmp_path / 'lost.jsonl'}",
+                        "-n", "6", "--out", str(out))
         wait_for(lambda: any(r["node"] == b for r in records(out)), 240,
                  "a sample judged on node b", [run], log)
         first_b = (gates / "b-first").read_text()
@@ -408,13 +415,9 @@ def test_a_run_on_two_nodes_loses_one_then_a_killed_driver_resumes(cluster, tmp_
         # 2. A second run on what is left of the cluster; its driver is killed -9 while a sample is held.
         expected = write_completions(tmp_path / "killed.jsonl", gates, ["latewrong", "wrong5", "prose"])
         out = tmp_path / "killed"
-        run = subprocess.Popen(
-            [sys.executable, "-m", "search.cli", "run", "--address", cluster.address, "--device", "cpu",
-             "--tasks", TASK, "--max-input-mb", "0.25", "--allow-torch", "--generator", f"replay:{tmp_path / 'killed.jsonl'}",
-             "-n", "3", "--no-early-stop", "--out", str(out)],
-            cwd=ROOT, env=env, stdout=open(tmp_path / "killed.out", "w"), stderr=subprocess.STDOUT, start_new_session=True)
-        drivers.append(run)
         log = tmp_path / "killed.out"
+        run = start_run(drivers, log, env, "--address", cluster.address, "--generator", f"replay:{tmp_path / 'killed.jsonl'}",
+                        "-n", "3", "--out", str(out))
         wait_for(lambda: started(gates, "a") & {"latewrong"} and records(out), 240,
                  "the late sample held and one sample recorded", [run], log)
         os.killpg(run.pid, signal.SIGKILL)
