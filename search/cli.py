@@ -235,8 +235,8 @@ def run_command(
         except GeneratorError as exc:
             fail(str(exc))
     with err_console.status("starting Ray and the generator...", spinner="dots"):
-        resources = start_ray(settings.address, settings.device)
         try:
+            resources = start_ray(settings.address, settings.device)
             engine = asyncio.run(build_engine(settings))
         except (GeneratorError, RuntimeError) as exc:
             fail(str(exc))
@@ -299,6 +299,11 @@ def strategies_command() -> None:
 
     for name, cls in STRATEGIES.items():
         console.print(f"[bold]{name}[/]: {cls.summary}", highlight=False)
+
+
+from search.cluster import cluster_command  # noqa: E402 - `kernelsearch cluster` lives with the cluster code
+
+app.command("cluster")(cluster_command)
 
 
 def main() -> None:  # pragma: no cover - console-script entry for `python -m search.cli`

@@ -287,7 +287,7 @@ class Controller:
             "time_s": None if duplicate_of is not None else v.get("time_s"),
             "device_s": None if duplicate_of is not None else v.get("device_s"),
             "timing": v.get("timing") or {},
-            "flags": v.get("flags", []), "sizes": dict(state.task.sizes),
+            "flags": v.get("flags", []), "node": v.get("node"), "sizes": dict(state.task.sizes),
             "tokens": completion.tokens, "prompt_tokens": completion.prompt_tokens, "finish_reason": completion.finish_reason,
             "generation_s": completion.generation_s,
             "completion": completion.text, "messages": messages, "agent_steps": list(agent_steps or []),

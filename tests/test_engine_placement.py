@@ -185,6 +185,7 @@ def test_start_ray_passes_the_runtime_env_when_joining(monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw))
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr("search.cluster.reachable", lambda host, port: None)  # no cluster there to answer
     runner.start_ray("10.0.0.1:6379", "cuda")
     assert seen["address"] == "10.0.0.1:6379" and seen["runtime_env"] == cluster_runtime_env()
     seen.clear()
