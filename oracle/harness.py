@@ -27,7 +27,7 @@ from oracle import floor, timing  # binds the clock and CUDA functions before an
 from oracle.build import BuildFailed, BuildRecord, install_build_hooks
 from oracle.protocol import BuildResult, CandidateJob, Case, Checked, OutputsReady, WorkerResult, receive, send
 from oracle.shared_tensors import export_tensor
-from tasks.runtime import TaskModule, exec_task_code, one_line, tensors_in
+from tasks.runtime import TaskModule, exec_task_code, one_line, task_constants, tensors_in
 
 MAX_FILE_BYTES = 8 * 1024**3  # default: a worker that writes a file larger than this is killed (SIGXFSZ)
 POISON_MAX_BYTES = 2 * 1024**3
@@ -101,12 +101,15 @@ def build_entry(conn: Connection, job_dir: str) -> None:
                                   pch_wanted=record.pch_wanted, light_include=record.light_include))
 
 
-def _import_candidate(path: str, backend: str | None) -> Any:
+def _import_candidate(path: str, backend: str | None, constants: dict[str, Any] | None = None) -> Any:
+    """Import the candidate's module; `constants` (the task's module-level constants) are defined in its
+    namespace first, as KernelBench defines them."""
     if backend == "triton":
         _install_triton_counter()
     spec = importlib.util.spec_from_file_location("kernelsearch_candidate", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    module.__dict__.update(constants or {})
     sys.modules["kernelsearch_candidate"] = module
     spec.loader.exec_module(module)
     return module
@@ -362,13 +365,13 @@ def _run_candidate(conn: Connection, job: CandidateJob) -> WorkerResult:
     device = job.device
     record = BuildRecord()
     install_build_hooks(Path(job.cache), job.gpu_arch, record, Path(job.pch) if job.pch else None)
+    modules = [exec_task_code(code, job.task_id) for code in job.codes]
     send(conn, phase="import", deadline_s=job.import_timeout_s)
-    module = _import_candidate(job.candidate_path, job.backend)
+    module = _import_candidate(job.candidate_path, job.backend, task_constants(modules[0].namespace))
     model_cls = getattr(module, "ModelNew", None)
     if not isinstance(model_cls, type) or not issubclass(model_cls, torch.nn.Module):
         return WorkerResult("runtime_error", "the module defines no ModelNew(nn.Module) class")
 
-    modules = [exec_task_code(code, job.task_id) for code in job.codes]
     models: list[torch.nn.Module] = []
     for m in modules:
         reference_state = _reference_model(m, job.init_seed, "cpu").state_dict()

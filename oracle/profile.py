@@ -109,7 +109,7 @@ def _profile(job: dict[str, Any]) -> dict[str, Any]:
             inclusive, own = event.cpu_time_total, event.self_cpu_time_total
         times[event.key] += float(inclusive) / 1000.0 / calls
         total_ms += float(own) / 1000.0 / calls
-    from oracle.evaluate import NON_COMPUTE_OPS
+    from oracle.judge import NON_COMPUTE_OPS
 
     ridge = float(job.get("ridge") or RIDGE.get(device, 10.0))
     names = [n for n in counts if n not in NON_COMPUTE_OPS]

@@ -15,6 +15,7 @@ import json
 import re
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,10 +116,13 @@ class ReferenceProcess:
             s = self.settings
             self._worker = Worker(reference_server_entry, {"device": s.device, "threads": s.threads,
                                                            "budget_bytes": s.budget_bytes})
+            # An oracle dropped without close() (a test's, a script's) takes its reference process with it.
+            self._finalizer = weakref.finalize(self, self._worker.close)
         return self._worker
 
     def _stop(self) -> None:
         if self._worker is not None:
+            self._finalizer.detach()
             self._worker.close()
             self._worker = None
 

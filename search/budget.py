@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from search.stats import FAST_PS, expected_best_speedup_all_k, level_of, pass_at_all_k
+from search.stats import FAST_PS, expected_best_speedup_all_k, int_or_none, level_of, number_or_none, pass_at_all_k
 from search.store import SampleRecord
 
 UNITS = ("samples", "tokens", "gpu-seconds")
@@ -380,21 +380,11 @@ def overtake(a: Sequence[TaskCurve], b: Sequence[TaskCurve], labels: tuple[str, 
 # ---------------------------------------------------------------- the adapter from a run folder's records
 
 
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    return float(x) if math.isfinite(x) else None
-
-
-def _int(x: Any) -> int | None:
-    return int(x) if isinstance(x, int) and not isinstance(x, bool) else None
-
-
 def _chained(config: Mapping[str, Any]) -> bool:
     """For runs recorded before samples named their chain: did rounds build on each other? (As the
     controller decides: more than one round, with a strategy whose later rounds differ per chain.)"""
     plan = config.get("plan") if isinstance(config.get("plan"), dict) else {}
-    if (_int(plan.get("rounds")) or 1) <= 1:
+    if (int_or_none(plan.get("rounds")) or 1) <= 1:
         return False
     from strategies import STRATEGIES
 
@@ -403,7 +393,7 @@ def _chained(config: Mapping[str, Any]) -> bool:
 
 
 def _step_key(step: Mapping[str, Any]) -> tuple[Any, Any] | None:
-    return (step.get("step"), step["seed"]) if isinstance(step, Mapping) and _int(step.get("seed")) is not None else None
+    return (step.get("step"), step["seed"]) if isinstance(step, Mapping) and int_or_none(step.get("seed")) is not None else None
 
 
 def budget_records(records: Sequence[SampleRecord], config: Mapping[str, Any] | None = None) -> BudgetRecords:
@@ -421,7 +411,7 @@ def budget_records(records: Sequence[SampleRecord], config: Mapping[str, Any] | 
     levels = {t["id"]: t.get("level") for t in config.get("tasks") or [] if isinstance(t, dict) and "id" in t}
     chained = _chained(config)
     plan = config.get("plan") if isinstance(config.get("plan"), dict) else {}
-    n = _int(plan.get("n"))
+    n = int_or_none(plan.get("n"))
     seen: dict[str, Counter] = defaultdict(Counter)
     steps_of: dict[tuple[Any, Any], Mapping[str, Any]] = {}
     for r in records:
@@ -435,15 +425,15 @@ def budget_records(records: Sequence[SampleRecord], config: Mapping[str, Any] | 
         for key, count in counts.items():
             if count > 1:
                 step = steps_of[key]
-                out.shared.append(SharedStep(task, _int(step.get("tokens")) or 0, _num(step.get("generation_s"))))
+                out.shared.append(SharedStep(task, int_or_none(step.get("tokens")) or 0, number_or_none(step.get("generation_s"))))
     for r in records:
         if r.status == "cancelled":
             continue
         task = r.task
         own = [s for s in r.agent_steps if isinstance(s, Mapping) and "tokens" in s
                and (_step_key(s) is None or seen[task][_step_key(s)] == 1)]
-        generation = _num(r.generation_s)
-        own_s = [_num(s.get("generation_s")) if _int(s.get("tokens")) else 0.0 for s in own]  # nothing made: no time
+        generation = number_or_none(r.generation_s)
+        own_s = [number_or_none(s.get("generation_s")) if int_or_none(s.get("tokens")) else 0.0 for s in own]  # nothing made: no time
         if generation is not None:
             generation = None if any(x is None for x in own_s) else generation + sum(own_s)
         chain = r.chain
@@ -454,6 +444,6 @@ def budget_records(records: Sequence[SampleRecord], config: Mapping[str, Any] | 
         out.samples.append(BudgetSample(
             task=task, level=level_of(task, levels.get(task)), chain=chain, round=r.round, correct=r.correct,
             speedup_vs_eager=(r.speedup_vs_eager or 0.0) if r.correct else 0.0,
-            tokens=r.tokens_out + sum(_int(s.get("tokens")) or 0 for s in own),
+            tokens=r.tokens_out + sum(int_or_none(s.get("tokens")) or 0 for s in own),
             generation_s=generation, oracle_device_s=r.oracle_device_s))
     return out

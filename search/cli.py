@@ -289,8 +289,8 @@ def run_command(
                                share_generator=share_generator)
         recorded = []
     with err_console.status("starting Ray and the generator...", spinner="dots"):
-        resources = start_ray(settings.address, settings.device)
         try:
+            resources = start_ray(settings.address, settings.device)
             engine = asyncio.run(build_engine(settings))
         except (GeneratorError, RuntimeError) as exc:
             fail(str(exc))
@@ -375,6 +375,41 @@ def strategies_command() -> None:
 
     for name, cls in STRATEGIES.items():
         console.print(f"[bold]{name}[/]: {cls.summary}", highlight=False)
+
+
+from search.cluster import cluster_command  # noqa: E402 - `kernelsearch cluster` lives with the cluster code
+
+app.command("cluster")(cluster_command)
+
+
+import_app = typer.Typer(help="Turn other harnesses' generations into replay files.", no_args_is_help=True)
+app.add_typer(import_app, name="import")
+
+
+@import_app.command("kernelbench")
+def import_kernelbench_command(
+    run_dir: Annotated[Path, typer.Argument(help="A KernelBench run folder (level_L_problem_P_sample_S_kernel.py files).")],
+    source: Annotated[str, typer.Option("--source", help="The KernelBench checkout or dataset file the run was made for.")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="The replay file to write (JSONL).")],
+) -> None:
+    """Write a KernelBench run's kernels as a replay file, one line a kernel; judge it with
+    `kernelsearch run --generator replay:FILE --source SOURCE`."""
+    from search.kernelbench_import import import_run, write_replay
+
+    if not run_dir.is_dir():
+        fail(f"{run_dir} is not a folder")
+    try:
+        result = import_run(run_dir, source)
+    except SourceError as exc:
+        fail(str(exc))
+    for path, why in result.skipped:
+        err_console.print(f"skipped {path}: {why}", highlight=False, soft_wrap=True)
+    if not result.kernels:
+        fail(f"no level_L_problem_P_sample_S_kernel.py files of {source}'s tasks under {run_dir}")
+    write_replay(result, out)
+    console.print(f"{len(result.kernels)} kernel(s) for {len(result.tasks)} task(s) written to {out}; judge them with "
+                  f"kernelsearch run --generator replay:{out} --source {source} --tasks {','.join(result.tasks)}",
+                  highlight=False, soft_wrap=True)
 
 
 def main() -> None:  # pragma: no cover - console-script entry for `python -m search.cli`

@@ -272,7 +272,7 @@ class Controller:
             status=verdict.status if verdict is not None else "cancelled", verdict=verdict, candidate=candidate,
             duplicate_of=duplicate_of, completion=completion.text, tokens_in=completion.prompt_tokens,
             tokens_out=completion.tokens, generation_s=completion.generation_s,
-            finish_reason=completion.finish_reason, replica=completion.replica,
+            finish_reason=completion.finish_reason, replica=completion.replica, node=getattr(verdict, "node", None),
             oracle_device_s=verdict.candidate_device_s if verdict is not None and duplicate_of is None else 0.0,
             messages=messages, agent_steps=list(agent_steps or []), recorded_at=time.time())
         if verdict is None and not completion.text:

@@ -17,13 +17,26 @@
 - `share=True` (`--share-generator`) forces the shared path: on a CPU machine nothing is co-located, but
   every oracle still pauses every generator while it times (key `all`), which is how the pause is tested.
 
+On a cluster of several nodes (`nodes`, what `search.cluster.cluster_nodes` reads from Ray) every actor is
+also given its node, so that where each one runs is decided here, printed before a run (`kernelsearch
+cluster`) and known afterwards:
+
+- CPU oracles (`--device cpu`): one per node that has a CPU for it; Ray alone would pack them onto one node.
+- GPU oracles: spread over the nodes' GPUs, the node with the most GPUs left first, so that by default
+  every GPU of every node not taken by the generator holds one oracle.
+- A vLLM replica needs its `tensor_parallel_size` GPUs on one node (the first that has them), as does a
+  shared placement group, which is pinned to its node by Ray's `ray.io/node-id` label.
+- A generator that needs no GPU (replay, an OpenAI endpoint) runs on the driver's node, where its file or
+  its endpoint's address means what the user meant.
+- Build slots per oracle come from its node's CPUs.
+
 `cluster_runtime_env` is what a run passes to `ray.init` when it joins a cluster (`--address`), so actors on
 other nodes can import the project's packages.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +56,24 @@ class ActorPlacement:
     bundle: int = 0  # bundle of that group
     gate_key: str | None = None  # the timing gate's key: oracles pause, generators are paused, per key
     env: dict[str, str] = field(default_factory=dict)  # environment variables for the actor's process
+    node: str | None = None  # the Ray node id it must run on (None: wherever Ray puts it)
+    build_slots: int = 0  # an oracle's CPU build slots from its node's cores (0: the pool decides)
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """One node of the cluster as the plan sees it (from `ray.nodes()`)."""
+
+    node_id: str
+    address: str
+    cpus: float
+    gpus: float
+    driver: bool = False  # the node the driver (this process) runs on
+
+    @property
+    def label(self) -> str:
+        """For people: the address and the start of the node id (several nodes may share an address)."""
+        return f"{self.address} ({self.node_id[:6]})"
 
 
 @dataclass
@@ -52,6 +83,8 @@ class Placement:
     groups: list[int]  # per placement group: its number of one-GPU bundles (STRICT_PACK: one node)
     shared: bool  # generation pauses while an oracle times
     generator_options: dict[str, Any] = field(default_factory=dict)  # extra constructor options for vLLM
+    group_nodes: list[str | None] = field(default_factory=list)  # per placement group: the node it is pinned to
+    nodes: list[NodeShape] = field(default_factory=list)  # the cluster it was planned for (empty: not known)
 
     @property
     def gated(self) -> bool:
@@ -60,18 +93,30 @@ class Placement:
     def describe(self) -> dict[str, Any]:
         """For config.json."""
         return {"shared": self.shared, "groups": self.groups, "generator_options": self.generator_options,
-                "oracles": [asdict(o) for o in self.oracles], "generators": [asdict(g) for g in self.generators]}
+                "oracles": [asdict(o) for o in self.oracles], "generators": [asdict(g) for g in self.generators],
+                "group_nodes": self.group_nodes, "nodes": [asdict(n) for n in self.nodes]}
 
 
-def plan_placement(*, cluster_gpus: float, device: str, oracle_gpus: int | None = None, generator_gpus: bool = False,
-                   tensor_parallel_size: int = 1, replicas: int = 1, share: bool = False) -> Placement:
-    """Decide the actors' GPU requests.
+def plan_placement(*, cluster_gpus: float = 0, device: str, oracle_gpus: int | None = None, generator_gpus: bool = False,
+                   tensor_parallel_size: int = 1, replicas: int = 1, share: bool = False,
+                   nodes: list[NodeShape] | None = None) -> Placement:
+    """Decide the actors' GPU requests, and with `nodes` their nodes.
 
-    cluster_gpus: the cluster's GPUs (Ray's `GPU` resource); device: where oracles time (`cpu`, `cuda`);
+    cluster_gpus: the cluster's GPUs (Ray's `GPU` resource; the nodes' sum when `nodes` is given);
+    device: where oracles time (`cpu`, `cuda`);
     oracle_gpus: `--gpus` (None: every GPU the generator does not need, or every GPU when it must share);
     generator_gpus: the generator runs a model on GPUs (vLLM; not replay or an OpenAI endpoint);
     replicas: data-parallel generator copies; share: force the shared path (the pause) even where GPUs suffice.
     """
+    if nodes:
+        cluster_gpus = sum(int(n.gpus) for n in nodes)
+    placement = _plan_requests(cluster_gpus, device, oracle_gpus, generator_gpus, tensor_parallel_size, replicas, share)
+    return place_on_nodes(placement, nodes, device) if nodes else placement
+
+
+def _plan_requests(cluster_gpus: float, device: str, oracle_gpus: int | None, generator_gpus: bool,
+                   tensor_parallel_size: int, replicas: int, share: bool) -> Placement:
+    """The GPU requests from the cluster's GPU count alone (which nodes they come from: `place_on_nodes`)."""
     n_gpus = int(cluster_gpus)
     tp, replicas = max(1, int(tensor_parallel_size)), max(1, int(replicas))
     need = tp * replicas if generator_gpus else 0
@@ -119,6 +164,60 @@ def plan_placement(*, cluster_gpus: float, device: str, oracle_gpus: int | None 
                       for g in range(replicas)]
         options = {"distributed_executor_backend": "ray"}
     return Placement(oracles, generators, [tp] * replicas, shared=True, generator_options=_with_tp(options, True, tp))
+
+
+def place_on_nodes(placement: Placement, nodes: list[NodeShape], device: str) -> Placement:
+    """Give every actor of a plan its node; `PlacementError` when no node can hold a replica or a group.
+
+    Placement groups and generators first (each needs its GPUs on one node: the first in `nodes` order,
+    the driver's first, that has them left), then whole-GPU oracles one by one on the node with the most
+    GPUs left. CPU oracles: one per node."""
+    driver = next((n for n in nodes if n.driver), nodes[0])
+    free = {n.node_id: int(n.gpus) for n in nodes}
+    order = {n.node_id: i for i, n in enumerate(nodes)}
+
+    def take(gpus: int, what: str) -> str:
+        fits = [n for n in nodes if free[n.node_id] >= gpus]
+        if not fits:
+            raise PlacementError(f"{what} needs {gpus} GPU(s) on one node; the nodes have "
+                                 f"{', '.join(str(int(n.gpus)) for n in nodes)}")
+        free[fits[0].node_id] -= gpus
+        return fits[0].node_id
+
+    group_nodes = [take(size, f"placement group {g} (a generator replica sharing its GPUs)")
+                   for g, size in enumerate(placement.groups)]
+    generators = []
+    for k, g in enumerate(placement.generators):
+        if g.group is not None:
+            node = group_nodes[g.group]
+        elif g.num_gpus:
+            node = take(int(g.num_gpus), f"generator replica {k}")
+        else:
+            node = driver.node_id
+        generators.append(replace(g, node=node))
+
+    if device == "cpu":
+        hosts = [n for n in nodes if n.cpus >= 1]
+        if not hosts:
+            raise PlacementError("no node of the cluster has a CPU for an oracle")
+        template = placement.oracles[0]
+        oracles = [replace(template, node=n.node_id) for n in hosts]
+    else:
+        oracles = []
+        for o in placement.oracles:
+            if o.group is not None:
+                oracles.append(replace(o, node=group_nodes[o.group]))
+                continue
+            most = max(nodes, key=lambda n: (free[n.node_id], -order[n.node_id]))
+            if free[most.node_id] < 1:
+                raise PlacementError("the oracles need more GPUs than the nodes have left")
+            free[most.node_id] -= 1
+            oracles.append(replace(o, node=most.node_id))
+
+    cpus = {n.node_id: n.cpus for n in nodes}
+    per_node = {node: sum(o.node == node for o in oracles) for node in cpus}
+    oracles = [replace(o, build_slots=max(1, int(cpus[o.node]) // per_node[o.node] - 1)) for o in oracles]
+    return replace(placement, oracles=oracles, generators=generators, group_nodes=group_nodes, nodes=list(nodes))
 
 
 def _with_tp(options: dict[str, Any], generator_gpus: bool, tp: int) -> dict[str, Any]:

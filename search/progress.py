@@ -190,14 +190,15 @@ class RunProgress:
         if not self.pool:
             return None
         alive = [p for p in self.pool if not p.get("dead")]
-        dead = len(self.pool) - len(alive)
+        lost = sum(1 for p in self.pool if p.get("lost"))
+        dead = len(self.pool) - len(alive) - lost
         on_device = sum(int(p.get("timing", 0)) for p in alive)  # being checked or timed
         slots = sum(int(p.get("device_slots", 1)) for p in alive)
         building = sum(int(p.get("building", 0)) for p in alive)
         queued = sum(int(p.get("queued", 0)) for p in alive)
         text = (f"oracles {len(self.pool)}: on the device {on_device}/{slots}, building {building}, "
                 f"builds queued {queued}")
-        text += f", {dead} restarting" if dead else ""
+        text += (f", {dead} restarting" if dead else "") + (f", {lost} lost with their node" if lost else "")
         # Where the device's time went so far (seconds by phase, all oracles): the check, the timing, and
         # each task's first reference and eager baseline.
         phases: dict[str, float] = {}
@@ -206,6 +207,17 @@ class RunProgress:
                 phases[name] = phases.get(name, 0.0) + float(seconds)
         shown = [f"{name} {phases[name]:.0f}" for name in ("checks", "timing", "reference", "baselines") if phases.get(name)]
         return text + (f"; device s: {', '.join(shown)}" if shown else "")
+
+    def nodes_text(self) -> str | None:
+        """Oracles per node where the pool spans several: `oracles per node: 10.0.0.2 (4c5af7) 1, ...`."""
+        by_node: dict[str, list[dict[str, Any]]] = {}
+        for p in self.pool or []:
+            by_node.setdefault(p.get("node_label") or "-", []).append(p)
+        if len(by_node) < 2:
+            return None
+        parts = [f"{label} {sum(not p.get('lost') for p in ps)}" + (" (lost)" if all(p.get("lost") for p in ps) else "")
+                 for label, ps in by_node.items()]
+        return "oracles per node: " + ", ".join(parts)
 
     def pass_curve(self) -> tuple[list[int], dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
         with self._lock:
@@ -227,7 +239,7 @@ class RunProgress:
         head = f"pass@k over {plural(tasks, 'task')}: " + (" ".join(parts) if parts else "no samples yet")
         if ks:
             head += f" | fast_1.0@{ks[-1]} {fast[ks[-1]]['mean']:.3f}"
-        pool = self.pool_text()
+        pool = "; ".join(filter(None, (self.pool_text(), self.nodes_text())))
         return (f"{head} | {self.done}/{self.planned} samples, {self._rate_text()}, "
                 f"elapsed {fmt_duration(self.clock() - self.started)}, ETA {fmt_duration(self.eta_s())}"
                 + (f" | {pool}" if pool else ""))
@@ -341,9 +353,9 @@ class RunProgress:
         if self.title:
             parts.append(Text(self.title, style="bold"))
         parts.append(line)
-        pool = self.pool_text()
-        if pool:
-            parts.append(Text(pool, style="dim"))
+        for text in (self.pool_text(), self.nodes_text()):
+            if text:
+                parts.append(Text(text, style="dim"))
         return Group(*parts)
 
     def renderable(self) -> RenderableType:

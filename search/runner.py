@@ -21,7 +21,8 @@ from search.generators.actor import GeneratorActor
 from search.generators.base import GeneratorError
 from search.generators.client import GeneratorClient
 from search.generators.spec import parse_generator_spec
-from search.placement import Placement, PlacementError, cluster_runtime_env, plan_placement
+from search.cluster import NODE_LABEL, cluster_nodes, join_cluster
+from search.placement import NodeShape, Placement, PlacementError, plan_placement
 from search.pool import OraclePool, PoolSpec, actor_options
 from search.store import RunStore
 from strategies import make_strategy
@@ -82,11 +83,12 @@ def versions() -> dict[str, str]:
 
 def start_ray(address: str | None, device: str) -> dict[str, Any]:
     """Join a cluster, or start a local one sized for this machine (quick on a 2-core CPU). A joined cluster
-    gets the project's packages shipped to its nodes (`search.placement.cluster_runtime_env`)."""
+    gets the project's packages shipped to its nodes (`search.placement.cluster_runtime_env`); one that
+    cannot be reached is a `ClusterError` with one line for the user (`search.cluster.join_cluster`)."""
     if not ray.is_initialized():
         kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         if address:
-            ray.init(address=address, runtime_env=cluster_runtime_env(), **kwargs)
+            join_cluster(address, **kwargs)
         else:
             ray.init(num_cpus=max(2, os.cpu_count() or 2), **kwargs)
     return ray.cluster_resources()
@@ -119,30 +121,33 @@ class Engine:
     groups: list[Any] = field(default_factory=list)  # Ray placement groups of shared GPUs
 
 
-def plan_for(settings: RunSettings, resources: dict[str, Any]) -> Placement:
+def plan_for(settings: RunSettings, nodes: list[NodeShape]) -> Placement:
+    """Where this run's actors go on these nodes (`search.placement`)."""
     kind, _ = parse_generator_spec(settings.generator)
-    return plan_placement(cluster_gpus=resources.get("GPU", 0), device=settings.device, oracle_gpus=settings.gpus,
-                          generator_gpus=kind == "vllm", tensor_parallel_size=settings.tensor_parallel_size,
-                          replicas=settings.generator_replicas, share=settings.share_generator)
+    return plan_placement(device=settings.device, oracle_gpus=settings.gpus, generator_gpus=kind == "vllm",
+                          tensor_parallel_size=settings.tensor_parallel_size, replicas=settings.generator_replicas,
+                          share=settings.share_generator, nodes=nodes)
 
 
 async def build_engine(settings: RunSettings) -> Engine:
     """The generator replicas, the oracle pool (one actor per GPU, or a CPU oracle), the timing gate where
     they share GPUs, and the strategy. Where everything goes is `search.placement`'s decision."""
+    nodes = cluster_nodes()
     try:
-        placement = plan_for(settings, ray.cluster_resources())
+        placement = plan_for(settings, nodes)
     except PlacementError as exc:
         raise RuntimeError(str(exc)) from None
     groups = []
-    for size in placement.groups:
-        group = placement_group([{"GPU": 1.0}] * size, strategy="STRICT_PACK")
+    for size, node in zip(placement.groups, placement.group_nodes):
+        group = placement_group([{"GPU": 1.0}] * size, strategy="STRICT_PACK",
+                                bundle_label_selector=[{NODE_LABEL: node}] * size if node else None)
         try:
             await asyncio.wait_for(group.ready(), 120)
         except asyncio.TimeoutError:
             raise RuntimeError(f"cannot reserve {size} GPU(s) on one node for a generator replica") from None
         groups.append(group)
     options = {"seed": settings.plan.seed, **placement.generator_options, **settings.generator_options}
-    actors = [GeneratorActor.options(num_cpus=0, **actor_options(p, groups)).remote(settings.generator, options)
+    actors = [GeneratorActor.options(num_cpus=0, **actor_options(p, groups, hard_node=False)).remote(settings.generator, options)
               for p in placement.generators]
     try:
         infos = await asyncio.gather(*(a.describe.remote() for a in actors))
@@ -156,7 +161,8 @@ async def build_engine(settings: RunSettings) -> Engine:
     pool = OraclePool(PoolSpec(device=settings.device, oracles=len(placement.oracles)),
                       OracleConfig(device=settings.device, allow_torch=settings.allow_torch,
                                    compile_baseline=settings.compile_baseline),
-                      placements=placement.oracles, groups=groups, gate=gate)
+                      placements=placement.oracles, groups=groups, gate=gate,
+                      node_labels={n.node_id: n.label for n in nodes})
     strategy = make_strategy(settings.strategy, settings.strategy_backend, **settings.strategy_options)
     return Engine(GeneratorClient(actors), pool, strategy, info, placement, gate, groups)
 

@@ -227,21 +227,21 @@ def powers_of_two(n: int) -> list[int]:
 # ---------------------------------------------------------------- one run
 
 
-def _num(x: Any) -> float | None:
+def number_or_none(x: Any) -> float | None:
     """A finite number from a record field, or None (missing, null, a string, NaN)."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
     return float(x) if math.isfinite(x) else None
 
 
-def _int(x: Any) -> int | None:
+def int_or_none(x: Any) -> int | None:
     return int(x) if isinstance(x, int) and not isinstance(x, bool) else None
 
 
 def level_of(task_id: str, config_level: Any = None) -> str:
     """The level a task is broken down under: the config's task level, else the `levelN/` prefix of
     its id, else whatever prefix it has (`builtin`), else `other`."""
-    if _int(config_level) is not None:
+    if int_or_none(config_level) is not None:
         return f"level{config_level}"
     m = re.match(r"^(level\d+)/", task_id)
     if m:
@@ -372,9 +372,9 @@ class RunStats:
                 self._add(t, r)
         for tid, t in self.tasks.items():
             verdict = (best or {}).get(tid)
-            if isinstance(verdict, dict) and verdict.get("status") == "correct" and _num(verdict.get("speedup_vs_eager")):
-                t.best_speedup_vs_eager = _num(verdict.get("speedup_vs_eager"))
-                t.best_speedup_vs_compile = _num(verdict.get("speedup_vs_compile"))
+            if isinstance(verdict, dict) and verdict.get("status") == "correct" and number_or_none(verdict.get("speedup_vs_eager")):
+                t.best_speedup_vs_eager = number_or_none(verdict.get("speedup_vs_eager"))
+                t.best_speedup_vs_compile = number_or_none(verdict.get("speedup_vs_compile"))
                 t.best_retimed = True
             else:
                 t.best_speedup_vs_eager = t.best_sample_speedup_vs_eager
@@ -400,7 +400,7 @@ class RunStats:
         status = r.status
         t.status_counts[status] = t.status_counts.get(status, 0) + 1
         t.tokens += r.tokens_out
-        t.device_s += _num(r.oracle_device_s) or 0.0
+        t.device_s += number_or_none(r.oracle_device_s) or 0.0
         if not r.judged:
             t.cancelled += status == CANCELLED
             t.unsupported += status == UNSUPPORTED
@@ -420,12 +420,12 @@ class RunStats:
         """What the run spent, and what it bought per unit spent."""
         tokens = sum(r.tokens_out for r in self.records)
         prompt_tokens = sum(r.tokens_in for r in self.records)
-        device_s = sum(_num(r.oracle_device_s) or 0.0 for r in self.records)
+        device_s = sum(number_or_none(r.oracle_device_s) or 0.0 for r in self.records)
         build_s = sum(r.build_s or 0.0 for r in self.records)
         verify_s = sum(r.verify_s or 0.0 for r in self.records)
-        generation_s = sum(_num(r.generation_s) or 0.0 for r in self.records)
-        times = [t for t in (_num(r.recorded_at) for r in self.records) if t]
-        started = _num(self.config.get("started_at"))
+        generation_s = sum(number_or_none(r.generation_s) or 0.0 for r in self.records)
+        times = [t for t in (number_or_none(r.recorded_at) for r in self.records) if t]
+        started = number_or_none(self.config.get("started_at"))
         wall_s = None
         if times:
             start = started if started is not None and started <= min(times) else min(times)
@@ -461,8 +461,8 @@ class RunStats:
     def _to_json(self) -> dict[str, Any]:
         s = self.summary
         n_planned = None
-        if _int(self.plan.get("n")) is not None:
-            n_planned = self.plan["n"] * (_int(self.plan.get("rounds")) or 1)
+        if int_or_none(self.plan.get("n")) is not None:
+            n_planned = self.plan["n"] * (int_or_none(self.plan.get("rounds")) or 1)
 
         def breakdown(groups: dict[str, list[TaskStats]]) -> dict[str, Any]:
             return {g: summarize(ts, self.ps, self.compile_available) for g, ts in groups.items()}

@@ -71,6 +71,7 @@ class SampleRecord:
     generation_s: float | None = None  # from the request's start to this sample's last token
     finish_reason: str | None = None
     replica: int | None = None  # which generator replica wrote it
+    node: str | None = None  # the Ray node of the oracle that judged it (where the pool knows it)
     oracle_device_s: float = 0.0  # seconds this sample held the oracle's device (0 for duplicates)
     messages: list[dict[str, str]] = field(default_factory=list)  # the prompt
     agent_steps: list[dict[str, Any]] = field(default_factory=list)  # a strategy's helper completions
@@ -206,7 +207,9 @@ class SampleRecord:
             chain=_int(data.get("chain")), sample_index=index or 0, seed=_int(data.get("seed")) or 0, status=status,
             verdict=verdict, candidate=candidate, duplicate_of=duplicate, completion=completion,
             tokens_in=_int(data.get("prompt_tokens")) or 0, tokens_out=_int(data.get("tokens")) or 0,
-            generation_s=_finite(data.get("generation_s")), finish_reason=data.get("finish_reason"), replica=_int(data.get("replica")), oracle_device_s=device_s,
+            generation_s=_finite(data.get("generation_s")), finish_reason=data.get("finish_reason"),
+            replica=_int(data.get("replica")), node=data.get("node") if isinstance(data.get("node"), str) else None,
+            oracle_device_s=device_s,
             messages=list(data.get("messages") or []), agent_steps=list(data.get("agent_steps") or []),
             recorded_at=_finite(data.get("recorded_at")) or 0.0)
 

@@ -53,6 +53,19 @@ def exec_task_code(code: str, origin: str = "<task>") -> TaskModule:
     return TaskModule(namespace["Model"], namespace["get_inputs"], namespace["get_init_inputs"], namespace)
 
 
+def task_constants(namespace: dict[str, Any]) -> dict[str, Any]:
+    """The task module's module-level constants: numbers, strings, booleans and tuples of them. KernelBench
+    runs a candidate where the task's code ran, so model-written kernels lean on these names (`batch_size`,
+    `hardtanh_min`); never `Model`, the task's functions, modules or other objects."""
+
+    def plain(value: Any) -> bool:
+        if isinstance(value, tuple):
+            return all(plain(v) for v in value)
+        return type(value) in (int, float, str, bool)
+
+    return {k: v for k, v in namespace.items() if not k.startswith("_") and plain(v)}
+
+
 def tensors_in(values: Any) -> list[torch.Tensor]:
     """The tensors in a (possibly nested) list or tuple of inputs or outputs."""
     if isinstance(values, torch.Tensor):

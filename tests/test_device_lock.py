@@ -303,3 +303,31 @@ def test_candidates_checked_together_are_timed_alone(tmp_path):
     assert not crowded
     assert any(kind == "exclusive" for _, kind, _ in oracle.quiet.lock.events)  # the baselines and the timing
     assert oracle.quiet.idle  # every worker closed and forgotten
+
+
+def test_memory_budget_lets_a_worker_start_only_when_its_estimate_fits():
+    """Two workers of a task with GB-sized tensors must not be promised more device memory than there is;
+    one alone always starts, even when its estimate is larger than the whole budget."""
+    from oracle.device_quiet import MemoryBudget
+
+    budget = MemoryBudget(100)
+    entered, leave = threading.Event(), threading.Event()
+
+    def second():
+        with budget.reserve(60):
+            entered.set()
+            leave.wait(10)
+
+    with budget.reserve(60):
+        other = threading.Thread(target=second)
+        other.start()
+        assert not entered.wait(0.3)  # 60 + 60 > 100: the second waits
+        assert budget.used == 60
+    assert entered.wait(5)  # and starts once the first is done
+    assert budget.used == 60
+    leave.set()
+    other.join(5)
+    assert budget.used == 0
+    lone = MemoryBudget(10)
+    with lone.reserve(500):  # larger than the budget, but alone: it starts
+        assert lone.used == 10

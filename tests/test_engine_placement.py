@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,7 @@ def test_start_ray_passes_the_runtime_env_when_joining(monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw))
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr("search.cluster.reachable", lambda host, port: None)  # no cluster there to answer
     runner.start_ray("10.0.0.1:6379", "cuda")
     assert seen["address"] == "10.0.0.1:6379" and seen["runtime_env"] == cluster_runtime_env()
     seen.clear()
@@ -413,14 +415,17 @@ def test_generation_pauses_while_the_oracle_times(tmp_path, env, monkeypatch):
             k += 1
         extra["side_requests"] = k
 
+    # Eager is timed (and paused for) on the task's first use unless an earlier test of this module left its
+    # time in the shared cache: start without cached baselines, so the count below holds in any order.
+    shutil.rmtree(Path(env["KERNELSEARCH_CACHE"]) / "baselines", ignore_errors=True)
     _, rows, extra = _engine_run(tmp_path, env, monkeypatch, ["correct", "wrong_slope", "prose", "raises", "returns_input"],
                                  6, dict(generator_replicas=2, share_generator=True, generator_options={"delay_s": 0.3}),
                                  during=keep_generating)
     gate, gens = extra["gate"], extra["generators"]
     assert len(rows) == 6 and {r.replica for r in rows} == {0, 1}
-    # The gate is held only while something is timed: each candidate that passed its checks, the reference's
-    # baselines on their first use, and the best's re-timing (eager timed again, then the kernel). Checks run
-    # with generation going on.
+    # The gate is held only while something is timed: each candidate that passed its checks, eager on the
+    # task's first use, and the best's re-timing (eager timed again, then the kernel). Checks and the
+    # reference outputs are computed with generation going on.
     timed = sum(1 for r in rows if r.time_ms is not None and r.duplicate_of is None) + 1 + 2
     print("gate:", {k: v for k, v in gate.items() if k != "events"}, "side requests:", extra["side_requests"],
           "generators:", [{k: v for k, v in g.items() if k != "emitted"} for g in gens])

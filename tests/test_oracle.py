@@ -187,3 +187,16 @@ def test_eval_cli_json(cache, first_correct):
                 "speedup_vs_eager", "speedup_vs_compile", "build_s", "flags"):
         assert key in verdict
     assert verdict["status"] == "correct" and verdict["build_s"] == 0
+
+
+def test_a_candidate_may_use_the_tasks_module_level_constants(oracle, task, first_correct):
+    """As in KernelBench, the task's constants (here `negative_slope` and `scale`) are defined for the
+    candidate; the task's `Model` and functions are not."""
+    uses = text("correct").replace("ext.leaky_scale(x.contiguous(), self.negative_slope, self.scale)",
+                                   "ext.leaky_scale(x.contiguous(), negative_slope, scale)")
+    assert uses != text("correct")
+    v = oracle.evaluate(task, uses)
+    assert v.status == "correct", v.message
+    borrows = uses.replace("ext.leaky_scale(x.contiguous(), negative_slope, scale)", "Model(0.05, 1.75)(x)")
+    v = oracle.evaluate(task, borrows)
+    assert v.status == "runtime_error" and "NameError" in v.message and "Model" in v.message, v.message

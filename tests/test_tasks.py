@@ -173,3 +173,13 @@ def test_loading_all_250_is_quick(kernelbench_jsonl):
     result = load_tasks(kernelbench_jsonl, None, 256)
     assert len(result.tasks) == 250, [e for e in result.errors]
     assert time.perf_counter() - start < 120
+
+
+def test_task_constants_are_the_plain_module_level_values():
+    from tasks.runtime import exec_task_code, task_constants
+
+    code = ("import torch\nimport torch.nn as nn\nbatch_size = 16\nhardtanh_min = -0.5\nname = 'x'\nflag = True\n"
+            "kernel = (3, 3)\nweights = [1, 2]\n_private = 1\nclass Model(nn.Module):\n    def forward(self, x):\n"
+            "        return x\ndef get_inputs():\n    return [torch.randn(batch_size)]\ndef get_init_inputs():\n    return []\n")
+    constants = task_constants(exec_task_code(code).namespace)
+    assert constants == {"batch_size": 16, "hardtanh_min": -0.5, "name": "x", "flag": True, "kernel": (3, 3)}
