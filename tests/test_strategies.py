@@ -438,7 +438,7 @@ def test_each_strategy_end_to_end_through_replay(name, ray_engine, tmp_path):
     controller = Controller(plan, strategy, GeneratorClient([generator]), pool, store)
     loop.run_until_complete(asyncio.wait_for(controller.run([task]), 600))
     rows = store.samples()
-    assert len(rows) == 4 and {(r.round, r.chain) for r in rows} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert len(rows) == 4 and {(r.round, r.sample_index % plan.n) for r in rows} == {(0, 0), (0, 1), (1, 0), (1, 1)}
     assert all(r.strategy == name and r.messages and r.completion is not None for r in rows)
     assert {r.status for r in rows} <= {"correct", "incorrect", "no_code", "runtime_error"}
     config = json.loads((tmp_path / "run" / "config.json").read_text())
