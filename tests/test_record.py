@@ -163,3 +163,26 @@ def test_resume_counts_earlier_samples_for_duplicates_the_best_and_the_stop(tmp_
     assert [r.oracle_device_s for r in after[2:]] == [0.0, 0.0]
     assert sum(len(r.seeds) for r in generator.requests) == 2  # only the two missing samples were generated
     assert store.best(LEAKY)["status"] == "correct"  # the best kernel came from a recorded sample
+
+
+def test_a_run_from_before_resumes_its_missing_sample(tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(FIXTURE_V1, run_dir)
+    lines = (run_dir / "samples.jsonl").read_text().splitlines(keepends=True)
+    (run_dir / "samples.jsonl").write_text("".join(lines[:3]))  # the duplicate (sample #4) was never recorded
+    old = read_samples(run_dir / "samples.jsonl")
+    correct = next(r for r in old if r.correct)
+    store = RunStore.open(run_dir)
+    config = store.config()
+    generator = StubGenerator(lambda request, i: correct.completion)
+    pool = StubPool(lambda source: pytest.fail("a known candidate was judged again"))
+    plan = SearchPlan(**config["plan"])
+    asyncio.run(asyncio.wait_for(
+        Controller(plan, make_strategy("zero-shot", "cpp"), generator, pool, store).run([load(LEAKY)]), 60))
+    records = store.samples()
+    assert [r.sample_index for r in records] == [1, 2, 0, 3] and [len(r.seeds) for r in generator.requests] == [1]
+    new = records[-1]
+    assert new.duplicate_of == 0 and new.hash == correct.hash and new.verdict == correct.verdict
+    assert json.loads((run_dir / "samples.jsonl").read_text().splitlines()[-1])["schema"] == 2
