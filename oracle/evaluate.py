@@ -28,11 +28,11 @@ from oracle import gpu_lock, harness, judge
 from oracle.build import BuildOutcome, CandidateBuilds, build_key, cache_root, last_line
 from oracle.candidate import Candidate
 from oracle.device_quiet import MemoryBudget, QuietDevice
-from oracle.extract import extract
+from oracle.extract import candidate_from_completion
 from oracle.pch import default_root
 from oracle.protocol import CandidateJob, Checked, OutputsReady
 from oracle.reference import Reference, ReferenceError, References, ReferenceSettings
-from oracle.sandbox import PhaseTimeout, Worker, WorkerDied, run_to_result
+from oracle.sandbox import PhaseTimeout, Worker, WorkerDied
 from oracle.timing import TimingParams, block_calls
 from oracle.verdict import Verdict
 from tasks.model import Task
@@ -152,10 +152,7 @@ class Oracle:
         return self.add_compile_baseline(task, verdict)
 
     def extract(self, task: Task, text: str, backend: str = "auto") -> Candidate | Verdict:
-        found = extract(text, backend)
-        if found.source is None:
-            return self._verdict(task, "no_code", found.reason)
-        return Candidate.make(task.id, found.source, found.backend or "torch")
+        return candidate_from_completion(task, text, backend, self.config.device)
 
     # ------------------------------------------------------------ build slot
 

@@ -15,7 +15,6 @@ import os
 import random
 import resource
 import sys
-import traceback
 from collections import deque
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import torch
 
-from oracle import floor, timing  # binds the clock and CUDA functions before any candidate code runs
+from oracle import floor, timing  # noqa: F401 - binds the clock and CUDA functions before any candidate code runs
 from oracle.build import BuildFailed, BuildRecord, install_build_hooks
 from oracle.protocol import BuildResult, CandidateJob, Case, Checked, OutputsReady, WorkerResult, receive, send
 from oracle.shared_tensors import export_tensor

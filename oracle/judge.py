@@ -15,6 +15,7 @@ import torch
 
 from oracle.compare import compare
 from oracle.protocol import Checked
+from oracle.verdict import WORKER_STATUSES  # the only statuses a worker may report itself
 
 # Operators that move or shape data but compute nothing: calling them is not a fallback (docs/oracle.md,
 # "Own kernel").
@@ -27,8 +28,6 @@ NON_COMPUTE_OPS = {
         "dropout feature_dropout lift lift_fresh_copy"
     ).split()
 }
-# The only verdicts a worker may report itself; anything else in its result (a forged "correct") is a fault.
-WORKER_STATUSES = {"runtime_error", "rejected", "incorrect", "compile_error"}
 # A kernel whose GPU is busy for less than this share of its timed interval is mostly launch overhead.
 LAUNCH_BOUND_BUSY = 0.5
 

@@ -14,7 +14,6 @@ import socket
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from search import options as opt
