@@ -1,4 +1,4 @@
-"""Build cache for candidate extensions (oracle spec rules 5-7).
+"""Build cache for candidate extensions (docs/oracle.md, "Build").
 
 A candidate compiles its kernels by calling `torch.utils.cpp_extension.load_inline` when its module is
 imported. Inside a worker, `install_build_hooks` wraps that call so that
@@ -10,7 +10,7 @@ imported. Inside a worker, `install_build_hooks` wraps that call so that
   in the build folder or in the process's module table);
 - only the present GPU's architecture is targeted, and the time spent compiling is recorded;
 - the functions of the built module count their calls, which is how the oracle knows the candidate ran
-  code of its own (rule 11);
+  code of its own (docs/oracle.md, "Own kernel");
 - two cuts to a cold build's time, both invisible in the binary's behaviour: the C++ half uses a
   precompiled `torch/extension.h` when one exists for its flags (`oracle.pch`), and CUDA sources that
   include `torch/extension.h` only for tensors compile against the lighter `torch/types.h` (the pybind11

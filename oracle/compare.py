@@ -1,6 +1,6 @@
 """Compare a candidate's outputs with the reference's, on the trusted side, and say how they differ.
 
-Rule 9 of the oracle spec: elementwise |out - ref| <= atol + rtol * |ref| with per-dtype tolerances, and
+docs/oracle.md, "Correctness": elementwise |out - ref| <= atol + rtol * |ref| with per-dtype tolerances, and
 NaN / inf exactly where the reference has them.
 """
 

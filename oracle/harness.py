@@ -255,7 +255,7 @@ def _exception_message(exc: BaseException) -> str:
 
 
 def _poison_allocator(nbytes: int, device: str) -> None:
-    """Fill memory the caching allocator will hand out next with NaN, so unwritten outputs show (rule 10)."""
+    """Fill memory the caching allocator will hand out next with NaN, so unwritten outputs show (docs/oracle.md, "Correctness")."""
     if device != "cuda" or nbytes <= 0:
         return
     n = min(POISON_MAX_BYTES, nbytes) // 4

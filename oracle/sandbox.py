@@ -1,4 +1,4 @@
-"""Run a harness entry point in a fresh worker process with phase watchdogs (oracle spec rules 1, 3, 4).
+"""Run a harness entry point in a fresh worker process with phase watchdogs (docs/oracle.md, "Isolation").
 
 Workers are forked from a multiprocessing fork server that has imported torch (about 2 s a process
 otherwise) but never touched CUDA, so each candidate still gets a clean process and CUDA context.

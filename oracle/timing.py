@@ -1,4 +1,4 @@
-"""Time a callable the way the oracle spec asks (rules 12 and 14), for candidates and baselines alike.
+"""Time a callable the way docs/oracle.md's "Timing" asks, for candidates and baselines alike.
 
 GPU: warm-up; then each call between two CUDA events, with the L2 cache flushed before it and the inputs
 rotated among several pre-made sets; the median of enough calls that its spread is small. Then a block of
