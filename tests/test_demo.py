@@ -62,9 +62,9 @@ def test_demo_judges_every_variant_as_expected(demo_run):
         assert sorted(mine) == sorted(VARIANTS), task
         for variant, o in mine.items():
             assert o["status"] == o["expect"], (task, variant, o["message"])
-        # timings on a shared CPU move with its load; the slow variants are 2-10x slower than eager
-        # and the fast ones 2-5x faster, so these hold with a wide margin
-        assert mine["slow"]["speedup_vs_eager"] < 1.0, (task, mine["slow"])
+        # Timings on a shared CPU move with its load, and eager is timed at another moment than either variant,
+        # so no speedup is compared with 1.0; the fast variant of each task is 8-10x faster than its slow one,
+        # a margin load does not close.
         assert mine["fast"]["speedup_vs_eager"] > mine["slow"]["speedup_vs_eager"], (task, mine["fast"], mine["slow"])
         assert "unrecognized command-line option" in mine["compile_error"]["message"]
         best = json.loads((out / "best" / f"{task.replace('/', '__')}.json").read_text())
