@@ -57,7 +57,6 @@ class Reference:
     eager: dict[str, Any] | None
     timing_seeds: list[int] = field(default_factory=list)
     compile: Future = field(default_factory=Future)  # {"compile": timing} or {"compile_error": text}, or None
-    baseline_s: float = 0.0  # device seconds this oracle spent on the eager baseline (0 when cached)
 
     @property
     def ops(self) -> list[str]:
@@ -148,8 +147,6 @@ class References:
         self._known: dict[str, Reference] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
-        self.reference_s = 0.0  # seconds spent computing reference outputs, all tasks
-        self.baseline_s = 0.0  # seconds spent timing eager baselines with the device held alone
 
     def key(self, task: Task) -> str:
         s = self.settings
@@ -183,8 +180,7 @@ class References:
                                   call_timeout_s=self.settings.call_timeout_s * 5)
             with self._shared():
                 prepared = Prepared.from_json(self.process.request("prepare", request.to_json()))
-            self.reference_s += prepared.reference_s  # measured by the reference process: no waiting counted
-            if prepared.reference_s:
+            if prepared.reference_s:  # measured by the reference process: no waiting counted
                 spent["reference"] = spent.get("reference", 0.0) + prepared.reference_s
             if known is not None:
                 known.prepared = prepared
@@ -192,7 +188,7 @@ class References:
             eager, seconds = self._eager(task, request, quiet)
             if seconds:
                 spent["baselines"] = spent.get("baselines", 0.0) + seconds
-            reference = Reference(key, codes, cases, prepared, eager, request.timing_seeds, baseline_s=seconds)
+            reference = Reference(key, codes, cases, prepared, eager, request.timing_seeds)
             self._known[key] = reference
             if self.settings.wants_compile:
                 self._start_compile(task, reference, quiet)
@@ -207,7 +203,7 @@ class References:
         spent = {} if spent is None else spent
         reference = self.get(task, quiet, spent)
         eager, seconds = self._eager(task, self._prepare_request(task, reference), quiet, fresh=True)
-        reference.eager, reference.baseline_s = eager, reference.baseline_s + seconds
+        reference.eager = eager
         spent["baselines"] = spent.get("baselines", 0.0) + seconds
         return reference
 
@@ -254,7 +250,6 @@ class References:
                 eager = self.process.request("time_eager", timed)
             spent = time.perf_counter() - started
         self._write_baselines(key, task, eager=eager)
-        self.baseline_s += spent
         return eager, spent
 
     def _start_compile(self, task: Task, reference: Reference, quiet: Callable[[], ContextManager]) -> None:
