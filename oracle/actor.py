@@ -17,6 +17,7 @@ import ray
 
 from oracle.candidate import Candidate
 from oracle.evaluate import Oracle, OracleConfig
+from oracle.verdict import Verdict
 from tasks.model import Task
 
 
@@ -79,7 +80,8 @@ class OracleActor:
 
     async def _checked_and_timed(self, task: Task, candidate: Candidate, build: Any,
                                  fresh_baseline: bool = False) -> dict[str, Any]:
-        """The device slot: checks run with generation going on; only what is timed holds the gate."""
+        """The device slot: checks run with generation going on; only what is timed holds the gate. The
+        verdict comes back without its torch.compile speedup (see `with_compile_baseline`), except a re-timing's."""
         quiet = self._quiet(asyncio.get_running_loop())
         async with self.device_slots:
             self.busy["timing"] += 1
@@ -87,10 +89,26 @@ class OracleActor:
                 verdict = await asyncio.to_thread(self.oracle.check_and_time, task, candidate, build, quiet, fresh_baseline)
             finally:
                 self.busy["timing"] -= 1
-        # Out of the device slot: a correct verdict may wait for the task's torch.compile baseline, which is
-        # measured in the background while other candidates use the device.
-        verdict = await asyncio.to_thread(self.oracle.add_compile_baseline, task, verdict)
+        if fresh_baseline:
+            verdict = await self._with_compile(task, verdict)
         return verdict.to_json()
+
+    async def with_compile_baseline(self, task_json: dict[str, Any], verdict_json: dict[str, Any]) -> dict[str, Any]:
+        """A correct verdict with its torch.compile speedup, once the task's baseline is measured (in the
+        background, while other candidates use the device). Asked apart from `evaluate`, so that a verdict
+        waiting here holds none of the search's oracle slots, and awaited, so that it holds no thread."""
+        return (await self._with_compile(Task.from_json(task_json), Verdict.from_json(verdict_json))).to_json()
+
+    async def _with_compile(self, task: Task, verdict: Verdict) -> Verdict:
+        pending = self.oracle.compile_baseline_pending(task, verdict)
+        if pending is None:
+            return verdict
+        timeout = self.oracle.config.compile_timeout_s * 2
+        try:
+            found = await asyncio.wait_for(asyncio.wrap_future(pending), timeout)
+        except asyncio.TimeoutError:
+            found = {"compile_error": f"not measured within {timeout:.0f} s"}
+        return self.oracle.with_compile_baseline(verdict, found)
 
     def _quiet(self, loop: asyncio.AbstractEventLoop):
         """A context manager for the slot's thread: with a timing gate (a generator shares this GPU),

@@ -13,6 +13,7 @@ needs the device (a device slot). `evaluate` does both in turn. The parts, each 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import importlib.util
 import os
@@ -55,6 +56,7 @@ class OracleConfig:
     call_timeout_s: float = 60.0
     time_timeout_s: float = 300.0
     compile_timeout_s: float = 600.0
+    compile_workers: int | None = None  # torch.compile baselines made at once (default: a quarter of the cores, 1-4)
     cache_dir: Path | None = None
     threads: int | None = None  # torch threads in workers (default: every core, the same for candidate and baselines)
     precompiled_headers: bool = True  # build C++ halves against a precompiled torch/extension.h (oracle.pch)
@@ -129,7 +131,8 @@ class Oracle:
             device=c.device, device_name=self.device_name, threads=self.threads, check_seeds=c.check_seeds,
             extra_size_seed=c.extra_size_seed, timing_seeds=c.timing_seeds, init_seed=c.init_seed, timing=c.timing,
             wants_compile=c.wants_compile, call_timeout_s=c.call_timeout_s, time_timeout_s=c.time_timeout_s,
-            compile_timeout_s=c.compile_timeout_s, budget_bytes=int(c.reference_memory * _device_memory(c.device)))
+            compile_timeout_s=c.compile_timeout_s, budget_bytes=int(c.reference_memory * _device_memory(c.device)),
+            compile_workers=c.compile_workers or max(1, min(4, (os.cpu_count() or 1) // 4)))
         self.references = References(settings, builds_root.parent / "baselines", alone=self.quiet.alone,
                                      shared=lambda: self.quiet.lock.shared(), register=self.quiet.running,
                                      reserve=lambda nbytes: self.memory.reserve(nbytes))
@@ -206,10 +209,26 @@ class Oracle:
     def add_compile_baseline(self, task: Task, verdict: Verdict, timeout_s: float | None = None) -> Verdict:
         """The verdict with its `torch.compile` speedup, once that baseline is measured (it is measured in
         the background, off the device's critical path; the wait for it holds no device slot)."""
-        if verdict.status != "correct" or not self.config.wants_compile:
+        pending = self.compile_baseline_pending(task, verdict)
+        if pending is None:
             return verdict
         timeout = self.config.compile_timeout_s * 2 if timeout_s is None else timeout_s
-        found = self.references.compile_baseline(task, timeout) or {}
+        try:
+            found = pending.result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            found = {"compile_error": f"not measured within {timeout:.0f} s"}
+        return self.with_compile_baseline(verdict, found)
+
+    def compile_baseline_pending(self, task: Task, verdict: Verdict) -> concurrent.futures.Future | None:
+        """What a correct verdict waits for before its `torch.compile` speedup is known (None: nothing), as a
+        future, so that an event loop can await it without a thread held for the wait."""
+        if verdict.status != "correct" or not self.config.wants_compile:
+            return None
+        return self.references.compile_future(task)
+
+    @staticmethod
+    def with_compile_baseline(verdict: Verdict, found: dict[str, Any] | None) -> Verdict:
+        found = found or {}
         fields = judge.with_compile_baseline(verdict.to_json(), found.get("compile"), found.get("compile_error"))
         return Verdict.from_json(fields)
 

@@ -33,8 +33,6 @@ from tasks.model import Task
 # Inputs are made on the device itself (`oracle.harness._seeded_inputs`): a new layout of the cache's key.
 REFERENCE_VERSION = "2"
 LARGE_INPUT_MB = 256  # several times any GPU's L2 cache
-# torch.compile workers at once: each holds a model and its timing inputs on the device.
-_COMPILES = threading.Semaphore(1)
 
 
 class ReferenceError(Exception):
@@ -82,6 +80,7 @@ class ReferenceSettings:
     time_timeout_s: float
     compile_timeout_s: float
     budget_bytes: int
+    compile_workers: int = 1  # torch.compile workers at once (each is CPU work; each also holds device memory)
 
 
 class ReferenceProcess:
@@ -145,6 +144,7 @@ class References:
         self._register = register  # a trusted worker that must be stopped while another times
         self._reserve = reserve  # device memory promised to a worker
         self._known: dict[str, Reference] = {}
+        self._compiles = threading.Semaphore(max(1, settings.compile_workers))
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -269,9 +269,11 @@ class References:
         job["timing_seeds"] = self.timing_seeds(task)
         result: dict[str, Any] = {"compile_error": "the torch.compile worker ended without a result"}
         try:
-            _COMPILES.acquire()
+            self._compiles.acquire()
             p = reference.prepared
-            worker = Worker(compile_entry, job)
+            # One Triton compile at a time inside each worker: the workers themselves run side by side, and a
+            # pool of compile subprocesses per worker costs more to start than a reference's few kernels take.
+            worker = Worker(compile_entry, job, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
             with self._reserve((len(job["timing_seeds"]) + 2) * p.input_bytes + 4 * p.output_bytes), self._register(worker):
                 try:
                     for message in worker.messages():
@@ -296,19 +298,15 @@ class References:
             fields = {k: result.get(k) for k in ("compile", "compile_error") if k in result}
             self._write_baselines(reference.key, task, **fields)
         finally:
-            _COMPILES.release()
+            self._compiles.release()
             if not reference.compile.done():
                 reference.compile.set_result(result)
 
-    def compile_baseline(self, task: Task, timeout_s: float) -> dict[str, Any] | None:
-        """The task's torch.compile baseline (`compile` or `compile_error`), waiting for it at most `timeout_s`."""
+    def compile_future(self, task: Task) -> Future | None:
+        """The task's torch.compile baseline to come (`{"compile": ...}` or `{"compile_error": ...}`); None when
+        the task was never prepared here."""
         reference = self._known.get(self.key(task))
-        if reference is None:
-            return None
-        try:
-            return reference.compile.result(timeout=timeout_s)
-        except TimeoutError:
-            return {"compile_error": f"not measured within {timeout_s:.0f} s"}
+        return None if reference is None else reference.compile
 
     # ------------------------------------------------------------ candidates' outputs
 

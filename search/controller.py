@@ -241,6 +241,10 @@ class Controller:
                     return record(None, candidate)
                 if candidate.hash not in state.verdicts:
                     verdict = await self._evaluate_new(state, candidate, rnd * self.plan.n + chain)
+                    if verdict.correct and verdict.time_ms is not None:  # before another candidate takes the slot
+                        self._stop_if_fast(state, verdict.speedup_vs_eager)
+            if verdict is not None:  # out of the slot: waiting for the torch.compile baseline holds none
+                verdict = await self._with_compile_baseline(state, candidate, verdict)
         duplicate_of = None
         if verdict is None:
             duplicate_of = state.first_sample.get(candidate.hash)
@@ -248,12 +252,22 @@ class Controller:
         return record(verdict, candidate, duplicate_of)
 
     async def _evaluate_new(self, state: TaskState, candidate: Candidate, sample_index: int) -> Verdict:
-        """Judge a candidate not seen before in this task; later samples with its hash await the same verdict."""
+        """Judge a candidate not seen before in this task; later samples with its hash await the same verdict
+        (set by `_with_compile_baseline`, once it is complete)."""
         fut = asyncio.get_running_loop().create_future()
         state.verdicts[candidate.hash] = fut
         state.first_sample[candidate.hash] = sample_index
         try:
-            verdict = await self.pool.evaluate(state.task, candidate)
+            return await self.pool.evaluate(state.task, candidate)
+        except BaseException:
+            del state.verdicts[candidate.hash]
+            fut.cancel()
+            raise
+
+    async def _with_compile_baseline(self, state: TaskState, candidate: Candidate, verdict: Verdict) -> Verdict:
+        fut = state.verdicts[candidate.hash]
+        try:
+            verdict = await self.pool.with_compile_baseline(state.task, verdict)
         except BaseException:
             del state.verdicts[candidate.hash]
             fut.cancel()
@@ -288,9 +302,13 @@ class Controller:
             return
         if record.candidate is not None and (state.best is None or record.time_ms < state.best[0]):
             state.best = (record.time_ms, record.candidate)
-        if self.stop.stops_task(record.status, record.speedup_vs_eager) and not state.stopped:
+        self._stop_if_fast(state, record.speedup_vs_eager)
+
+    def _stop_if_fast(self, state: TaskState, speedup_vs_eager: float | None) -> None:
+        """Early stop: a correct kernel reached the plan's speedup; the task's queued and ungenerated samples go."""
+        if self.stop.stops_task("correct", speedup_vs_eager) and not state.stopped:
             state.stopped = True
-            state.stop_reason = f"a correct kernel reached {record.speedup_vs_eager:.2f}x eager"
+            state.stop_reason = f"a correct kernel reached {speedup_vs_eager:.2f}x eager"
             for request_id in list(state.requests):
                 asyncio.get_running_loop().create_task(self.generator.abort(request_id))
 

@@ -22,6 +22,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnschedulableError, RayActorError, RayTaskError
 
+from oracle import judge
 from oracle.actor import OracleActor
 from oracle.candidate import Candidate
 from oracle.evaluate import OracleConfig
@@ -129,6 +130,7 @@ class OraclePool:
         self.spec = spec
         self.build_slots = max(o.build_slots for o in self.oracles)
         self.device_slots = config.device_slots
+        self.wants_compile = config.wants_compile
         self.node_labels = dict(node_labels or {})
         self.loss_wait_s = loss_wait_s
         self._last = -1
@@ -230,6 +232,22 @@ class OraclePool:
         verdict = JudgedVerdict.from_json({**data, "node": self.oracles[i].node})
         verdict.flags = list(verdict.flags) + flags
         return verdict
+
+    async def with_compile_baseline(self, task: Task, verdict: JudgedVerdict) -> JudgedVerdict:
+        """A correct verdict with its torch.compile speedup, from the oracle that judged it (whose reference
+        process measures the task's baseline). Awaited outside the search's oracle slots. If that oracle is
+        gone the verdict stays as it is, with the reason as its compile error."""
+        i = self._judged_on.get(verdict.hash or "")
+        if verdict.status != "correct" or not self.wants_compile or i is None or self.oracles[i].lost:
+            return verdict
+        try:
+            data = await self.oracles[i].actor.with_compile_baseline.remote(task.to_json(), verdict.to_json())
+        except (RayTaskError, *_DEAD) as exc:
+            data = judge.with_compile_baseline(verdict.to_json(), None, "the oracle failed before the torch.compile "
+                                               f"baseline was measured ({type(exc).__name__})")
+        judged = JudgedVerdict.from_json({**data, "node": verdict.node})
+        judged.flags = list(verdict.flags)
+        return judged
 
     async def profile(self, task: Task) -> dict[str, Any]:
         """The task's reference profile on the pool's device (see `oracle.profile`), computed once per task

@@ -311,6 +311,9 @@ class StubPool:
         extra = dict(time_ms=1.0, eager_ms=speedup, speedup_vs_eager=speedup) if status == "correct" else {}
         return Verdict(task.id, status, message, backend=candidate.backend, hash=candidate.hash, **extra)
 
+    async def with_compile_baseline(self, task, verdict: Verdict) -> Verdict:
+        return verdict
+
     async def profile(self, task) -> dict:
         self.profiles += 1
         return PROFILE
@@ -321,6 +324,41 @@ def run_controller(tmp_path: Path, strategy, generator, pool, plan: SearchPlan, 
     controller = Controller(plan, strategy, generator, pool, store)
     asyncio.run(asyncio.wait_for(controller.run([task]), 60))
     return store.samples()
+
+
+class SlowCompilePool(StubPool):
+    """One oracle slot; a correct verdict's torch.compile baseline arrives only once a second candidate has
+    been evaluated (or after 5 s): while the search waits for a baseline, the oracles must get more work."""
+
+    capacity = 1
+
+    def __init__(self):
+        super().__init__(lambda source: ("correct", "", 1.0))
+        self.evaluated: list[str] = []
+        self.waited_s: list[float] = []
+
+    async def evaluate(self, task, candidate, retime=False) -> Verdict:
+        if not retime:
+            self.evaluated.append(candidate.hash)
+        return await super().evaluate(task, candidate, retime)
+
+    async def with_compile_baseline(self, task, verdict: Verdict) -> Verdict:
+        t0 = time.monotonic()
+        while len(self.evaluated) < 2 and time.monotonic() - t0 < 5:
+            await asyncio.sleep(0.01)
+        self.waited_s.append(time.monotonic() - t0)
+        verdict.compile_ms = 2.0
+        return verdict
+
+
+def test_waiting_for_the_compile_baseline_holds_no_oracle_slot(tmp_path):
+    code = lambda request, i: f"```python\nimport torch\n# sample {i}\nclass ModelNew(torch.nn.Module): pass\n```"  # noqa: E731
+    pool = SlowCompilePool()
+    rows = run_controller(tmp_path, make_strategy("zero-shot", "cuda"), StubGenerator(code), pool,
+                          SearchPlan(n=2, rounds=1, seed=3, max_tokens=64), load(GEMM))
+    assert len(set(pool.evaluated)) == 2 and max(pool.waited_s) < 4
+    assert sorted(r.status for r in rows) == ["correct", "correct"]
+    assert all(r.verdict.compile_ms == 2.0 for r in rows)
 
 
 def test_agent_loop_ends_within_budget_on_nonsense(tmp_path):
