@@ -58,8 +58,8 @@ class Storm:
         starts later inherits the placement."""
         done: set[int] = set()
         while not self.stopping.is_set():
-            with self.oracle._workers_lock:
-                pids = [w.process.pid for w in self.oracle._builders] + [m.pid for m in self.oracle._header_makers]
+            with self.oracle.quiet._guard:
+                pids = [w.process.pid for w in self.oracle.quiet._builders] + [m.pid for m in self.oracle.quiet._header_makers]
             for pid in pids:
                 if pid and pid not in done:
                     self.plan.for_builds.apply_to(pid)
@@ -67,9 +67,9 @@ class Storm:
             time.sleep(0.05)
 
     def _compiler_pids(self) -> list[int]:
-        with self.oracle._workers_lock:
-            return ([w.process.pid for w in self.oracle._builders]
-                    + [m.pid for m in self.oracle._header_makers if m.poll() is None])
+        with self.oracle.quiet._guard:
+            return ([w.process.pid for w in self.oracle.quiet._builders]
+                    + [m.pid for m in self.oracle.quiet._header_makers if m.poll() is None])
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:
@@ -142,7 +142,7 @@ class Storm:
         self.stopping.set()
         self.stopped_at = time.monotonic()
         for _ in range(50):
-            for worker in list(self.oracle._builders):
+            for worker in list(self.oracle.quiet._builders):
                 worker.close()
             if not any(t.is_alive() for t in self.threads):
                 break
@@ -174,8 +174,8 @@ def _children(pid: int) -> list[int]:
 def compilers_stopped(oracle: Oracle) -> Iterator[None]:
     """A quiet machine for a while: the header makers the builds asked for (detached, a minute each) and any
     build still running are stopped, and resumed afterwards."""
-    with oracle._workers_lock:
-        pids = [w.process.pid for w in oracle._builders] + [m.pid for m in oracle._header_makers if m.poll() is None]
+    with oracle.quiet._guard:
+        pids = [w.process.pid for w in oracle.quiet._builders] + [m.pid for m in oracle.quiet._header_makers if m.poll() is None]
     signal_trees(pids, signal.SIGSTOP)
     try:
         yield
@@ -185,7 +185,7 @@ def compilers_stopped(oracle: Oracle) -> Iterator[None]:
 
 def compilers_running(oracle: Oracle) -> int:
     found = 0
-    for worker in list(oracle._builders):
+    for worker in list(oracle.quiet._builders):
         for pid in _descendants(worker.process.pid):
             try:
                 found += Path(f"/proc/{pid}/comm").read_text().strip() in COMPILERS

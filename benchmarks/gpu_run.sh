@@ -1,25 +1,47 @@
 #!/usr/bin/env bash
-# One device call: the oracle's GPU checks, then its throughput from cold caches, then the GPU tests with
-# the builds that run left in the cache. Logs under $OUT (or /tmp/ks-out). Usage: benchmarks/gpu_run.sh [STEP...]
-# Steps: smoke, throughput, tests, peer, demo, profiling (default: smoke throughput tests).
+# One device call: several benchmark steps, each within its own time budget. Logs under $OUT (or
+# /tmp/ks-out), each written whole as it goes, so that a step cut short keeps what it printed.
+# Usage: benchmarks/gpu_run.sh STEP[:SECONDS]...   e.g. benchmarks/gpu_run.sh tolerance:200 throughput:250
+# Steps: smoke, throughput, tests, peer, demo, profiling, fidelity, tolerance (default: smoke throughput tests).
+# A step past its seconds is stopped with everything it started (its own process group): nothing of it
+# runs on beside the next step.
 set -u
 out=${OUT:-/tmp/ks-out}; mkdir -p "$out"
 work=/tmp/ks-work; mkdir -p "$work"; export KERNELSEARCH_CACHE=$work/cache KERNELSEARCH_PCH=$work/cache/pch PYTHONUNBUFFERED=1
-steps=${*:-smoke throughput tests}
-for step in $steps; do
-  echo "== $step $(date +%T)"
-  case $step in
-    smoke) python3 -m pytest -q -m gpu -x tests/test_oracle_gpu.py -k trusted_side 2>&1 | tee "$out/smoke.log" | tail -25 ;;
-    throughput) python3 benchmarks/throughput.py --ours --work "$work" --out "$out/throughput.json" 2>&1 | tee "$out/throughput.log" | tail -70 ;;
-    tests) python3 -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu_tests.log" | tail -30 ;;
-    peer) python3 benchmarks/throughput.py --peer "${PEER_N:-32}" --work /tmp/ks-peer --out "$out/peer.json" 2>&1 | tee "$out/peer.log" | tail -8 ;;
-    demo) rm -rf /tmp/ks-demo-cache; ( export KERNELSEARCH_CACHE=/tmp/ks-demo-cache KERNELSEARCH_PCH=/tmp/ks-demo-cache/pch;
-          /usr/bin/time -f "demo wall %e s" python3 -m search.cli demo --device cuda 2>&1 | tee "$out/demo.log" | tail -40 ) ;;
-    profiling) python3 -c "import json, pathlib; c = pathlib.Path('benchmarks/candidates');
+export out work
+data=.shared/kernelbench/kernelbench_levels1-3.jsonl
+
+step_command() {
+  case $1 in
+    smoke) echo "python3 -m pytest -q -m gpu -x tests/test_oracle_gpu.py -k trusted_side > $out/smoke.log 2>&1" ;;
+    # the run folder under \$OUT: a run cut short still brings its samples back
+    throughput) echo "python3 benchmarks/throughput.py --ours --work $work --run-dir $out/throughput-run --out $out/throughput.json > $out/throughput.log 2>&1" ;;
+    tests) echo "python3 -m pytest -q -m gpu tests > $out/tests.log 2>&1" ;;
+    peer) echo "python3 benchmarks/throughput.py --peer ${PEER_N:-32} --work /tmp/ks-peer --out $out/peer.json > $out/peer.log 2>&1" ;;
+    demo) echo "rm -rf /tmp/ks-demo-cache; KERNELSEARCH_CACHE=/tmp/ks-demo-cache KERNELSEARCH_PCH=/tmp/ks-demo-cache/pch \
+          /usr/bin/time -f 'demo wall %e s' python3 -m search.cli demo --device cuda > $out/demo.log 2>&1" ;;
+    profiling) echo "python3 -c \"import json, pathlib; c = pathlib.Path('benchmarks/candidates');
 print(''.join(json.dumps({'task': t, 'completion': (c / t / 'correct.py').read_text()}) + chr(10)
-               for t in ('level1/19_ReLU', 'level2/12_Gemm_Multiply_LeakyReLU')), end='')" > $work/profiling.jsonl
-          python3 -m search.cli run --source .shared/kernelbench/kernelbench_levels1-3.jsonl --tasks level1/19_ReLU,level2/12_Gemm_Multiply_LeakyReLU \
-          --generator "replay:$work/profiling.jsonl" --strategy profiling -n 1 --device cuda --out /tmp/ks-prof 2>&1 | tee "$out/profiling.log" | tail -15 ;;
+               for t in ('level1/19_ReLU', 'level2/12_Gemm_Multiply_LeakyReLU')), end='')\" > $work/profiling.jsonl &&
+          python3 -m search.cli run --source $data --tasks level1/19_ReLU,level2/12_Gemm_Multiply_LeakyReLU \
+          --generator replay:$work/profiling.jsonl --strategy profiling -n 1 --device cuda --out $out/profiling-run > $out/profiling.log 2>&1" ;;
+    fidelity) echo "python3 benchmarks/fidelity.py ${FIDELITY_ARGS:-} --cache $work/fidelity-cache --out $out/fidelity.json > $out/fidelity.log 2>&1" ;;
+    tolerance) echo "python3 benchmarks/tolerance_table.py --source $data --out $out/tolerance.json > $out/tolerance.log 2>&1" ;;
+    *) return 1 ;;
   esac
+}
+
+for item in ${*:-smoke throughput tests}; do
+  step=${item%%:*}; seconds=${item#*:}; [ "$seconds" = "$item" ] && seconds=540
+  command=$(step_command "$step") || { echo "unknown step: $step"; continue; }
+  echo "== $step (at most $seconds s) $(date +%T)"
+  setsid bash -c "$command" &
+  leader=$!
+  ( sleep "$seconds"; kill -TERM -- "-$leader" 2>/dev/null; sleep 5; kill -KILL -- "-$leader" 2>/dev/null ) &
+  watchdog=$!
+  wait "$leader"; echo "   exit $?"
+  kill "$watchdog" 2>/dev/null; wait "$watchdog" 2>/dev/null
+  kill -KILL -- "-$leader" 2>/dev/null  # whatever the step left behind
+  tail -n "${TAIL:-25}" "$out/$step.log" 2>/dev/null || ls "$out"
 done
 echo "== done $(date +%T)"

@@ -150,7 +150,7 @@ def main() -> None:
     # Builds (CPU slots) in parallel; meanwhile the references and baselines are computed on the device.
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=args.jobs + 1) as pool:
-        refs = pool.submit(lambda: [oracle.reference(t) for t in tasks.values()])
+        refs = pool.submit(lambda: [oracle.references.get(t) for t in tasks.values()])
         builds = {f: pool.submit(oracle.build, c) for f, c in candidates if isinstance(c, Candidate)}
         builds = {f: b.result() for f, b in builds.items()}
         refs.result()

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -136,11 +135,12 @@ def cold_env(cache: Path) -> dict[str, str]:
     return {**os.environ, "KERNELSEARCH_CACHE": str(cache), "KERNELSEARCH_PCH": str(cache / "pch"), "PYTHONUNBUFFERED": "1"}
 
 
-def run_ours(files: list[tuple[str, Path]], source: str, device: str, max_input_mb: float | None, work: Path) -> dict:
+def write_replay(files: list[tuple[str, Path]], replay: Path) -> tuple[dict[str, tuple[str, Path]], dict[str, int]]:
+    """The corpus as a replay file; returns each candidate's expected verdict by source hash, and the
+    candidates per task."""
     from oracle.candidate import content_hash
     from oracle.extract import extract
 
-    replay = work / "corpus.jsonl"
     expected: dict[str, tuple[str, Path]] = {}
     per_task: dict[str, int] = {}
     with replay.open("w") as f:
@@ -151,21 +151,35 @@ def run_ours(files: list[tuple[str, Path]], source: str, device: str, max_input_
                 expected[content_hash(found.source)] = (expected_status(path), path)
             per_task[task_id] = per_task.get(task_id, 0) + 1
             f.write(json.dumps({"task": task_id, "completion": text}) + "\n")
-    out = work / "run"
+    return expected, per_task
+
+
+def run_ours(files: list[tuple[str, Path]], source: str, device: str, max_input_mb: float | None, work: Path,
+             out: Path | None = None) -> dict:
+    replay = work / "corpus.jsonl"
+    expected, per_task = write_replay(files, replay)
+    out = out or work / "run"
     cmd = [sys.executable, "-m", "search.cli", "run", "--source", source, "--tasks", ",".join(sorted(per_task)),
            "--generator", f"replay:{replay}", "-n", str(max(per_task.values())), "--no-early-stop",
            "--device", device, "--out", str(out)]
     if max_input_mb:
         cmd += ["--max-input-mb", str(max_input_mb)]
     print("  " + " ".join(cmd[1:]), flush=True)
-    started = time.perf_counter()
+    started = time.time()
+    Path(f"{out}.started").write_text(f"{started}\n")  # for `--summarize` of a run cut short
     proc = subprocess.run(cmd, cwd=ROOT.parent, env=cold_env(work / "cache"), capture_output=True, text=True)
-    wall = time.perf_counter() - started
+    return {"rc": proc.returncode, "stderr_tail": proc.stderr[-3000:], "stdout_tail": proc.stdout[-1500:],
+            **summarize(out, expected, started, time.time())}
+
+
+def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, ended: float | None = None) -> dict:
+    """Figures of a run folder (one that was cut short too: `ended` None takes its last verdict's time)."""
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines() if line.strip()] \
         if (out / "samples.jsonl").exists() else []
     judged = [r for r in records if r.get("duplicate_of") is None and r.get("hash")]
+    wall = (ended or max((r.get("recorded_at") or started for r in judged), default=started)) - started
     device_s = [sum((r.get("device_s") or {}).values()) for r in judged]
-    phases = {}
+    phases: dict[str, list[float]] = {}
     for r in judged:
         for k, v in (r.get("device_s") or {}).items():
             phases.setdefault(k, []).append(v)
@@ -175,20 +189,19 @@ def run_ours(files: list[tuple[str, Path]], source: str, device: str, max_input_
         verdicts.append({"task": r["task"], "file": str(path.relative_to(ROOT)) if path else None, "expected": exp,
                          "status": r["status"], "as_expected": r["status"] in exp.split("/"), "message": r["message"][:160],
                          "device_s": r.get("device_s"), "build_s": r.get("build_s"), "time_ms": r.get("time_ms"),
-                         "speedup_vs_eager": r.get("speedup_vs_eager"), "speedup_vs_compile": r.get("speedup_vs_compile")})
+                         "speedup_vs_eager": r.get("speedup_vs_eager"), "speedup_vs_compile": r.get("speedup_vs_compile"),
+                         "at_s": (r.get("recorded_at") or started) - started})
     builds = [r["build_s"] for r in judged if r.get("build_s")]
     worker_phases: dict[str, list[float]] = {}
     for r in judged:  # where a correct candidate's worker spent its time (samples.jsonl keeps the timing details)
         for k, v in ((r.get("timing") or {}).get("worker_phases") or {}).items():
             worker_phases.setdefault(re.sub(r"\d+", "N", k), []).append(v)
-    return {"rc": proc.returncode, "stderr_tail": proc.stderr[-3000:], "stdout_tail": proc.stdout[-1500:],
-            "candidates": len(judged), "wall_s": wall, "per_min": 60 * len(judged) / wall if judged else 0.0,
+    return {"candidates": len(judged), "wall_s": wall, "per_min": 60 * len(judged) / wall if judged and wall > 0 else 0.0,
             "device_s_p50": pct(device_s, 0.5), "device_s_p95": pct(device_s, 0.95),
             "phases_p50": {k: pct(v, 0.5) for k, v in phases.items()}, "phases_sum": {k: sum(v) for k, v in phases.items()},
             "worker_phases_p50": {k: pct(v, 0.5) for k, v in worker_phases.items()},
             "build_p50_s": pct(builds, 0.5), "build_p90_s": pct(builds, 0.9),
-            "as_expected": sum(v["as_expected"] for v in verdicts), "verdicts": verdicts,
-            "recorded_at": [r.get("recorded_at") for r in judged]}
+            "as_expected": sum(v["as_expected"] for v in verdicts), "verdicts": verdicts}
 
 
 def run_peer(files: list[tuple[str, Path]], tasks: dict, work: Path) -> dict:
@@ -218,8 +231,21 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="at most this many candidates")
     ap.add_argument("--max-input-mb", type=float, default=None, help="default: what a run uses (1/32 of the GPU)")
     ap.add_argument("--work", type=Path, default=None, help="an empty folder for the caches and the run (default: a new one)")
+    ap.add_argument("--run-dir", type=Path, default=None, help="the run's folder (default: WORK/run)")
+    ap.add_argument("--summarize", type=Path, default=None, help="only print the figures of this run folder (a run cut short too)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    if args.summarize:
+        device = json.loads((args.summarize / "config.json").read_text()).get("device", "cuda")
+        expected, _ = write_replay(candidate_files(device), Path(tempfile.mkdtemp()) / "corpus.jsonl")
+        started = float(Path(f"{args.summarize}.started").read_text())
+        o = summarize(args.summarize, expected, started)
+        for v in sorted(o["verdicts"], key=lambda v: v["at_s"]):
+            print(f"  {v['at_s']:6.0f} s {v['task']:55s} {Path(v['file'] or '?').stem:18s} {v['status']:14s}"
+                  f"{'' if v['as_expected'] else ' (expected ' + v['expected'] + ')'} build {v['build_s'] or 0:.0f} s "
+                  f"device {sum((v['device_s'] or {}).values()):.2f} s")
+        print({k: v for k, v in o.items() if k != "verdicts"})
+        return
 
     import torch
 
@@ -233,7 +259,7 @@ def main() -> None:
           f"{os.cpu_count()} cores, cold caches under {work}", flush=True)
     report: dict = {"device": device, "cores": os.cpu_count(), "torch": torch.__version__, "files": len(files)}
     if args.ours:
-        ours = report["ours"] = run_ours(files, args.source, device, args.max_input_mb, work)
+        ours = report["ours"] = run_ours(files, args.source, device, args.max_input_mb, work, args.run_dir)
         for v in ours["verdicts"]:
             print(f"  {v['task']:55s} {Path(v['file'] or '?').stem:18s} {v['status']:14s}"
                   f"{'' if v['as_expected'] else ' (expected ' + v['expected'] + ')'} "

@@ -325,7 +325,8 @@ class CandidateBuilds:
                        pch=str(self.pch) if self.pch else None, backend=backend, build_timeout_s=self.timeout_s,
                        max_file_bytes=BUILD_FILE_CAP)
         # CUDA hidden: a build slot compiles only, the GPU stays with the device slots.
-        worker = Worker(harness.build_entry, job.to_json(), {"candidate.py": source}, env={"CUDA_VISIBLE_DEVICES": ""})
+        worker = Worker(harness.build_entry, job.to_json(), {"candidate.py": source}, env={"CUDA_VISIBLE_DEVICES": ""},
+                        placement=self.quiet.build_placement)
         with self.quiet.building(worker):
             outcome = run_to_result(worker)
         if outcome.timed_out_phase:

@@ -16,16 +16,20 @@ import subprocess
 import threading
 from typing import Iterator
 
+from oracle.cores import Placement
 from oracle.device_lock import DeviceLock
 from oracle.gpu_lock import TimingLock
 from oracle.sandbox import Worker, signal_trees
 
 
 class QuietDevice:
-    def __init__(self, device: str, stop_compilers: bool = True, machine: TimingLock | None = None) -> None:
+    def __init__(self, device: str, stop_compilers: bool = True, machine: TimingLock | None = None,
+                 build_placement: Placement | None = None) -> None:
         # `machine`: the device's machine-wide lock, so that two processes never time on one device at once
         self.lock = DeviceLock(machine)
         self.stop_compilers = device == "cpu" and stop_compilers
+        # `build_placement`: where compilers run (oracle.cores: off the cores kept for timing, niced), or None
+        self.build_placement = build_placement
         self._workers: set[Worker] = set()  # stopped while another is timed, on every device
         self._builders: set[Worker] = set()  # stopped while anything is timed, on a CPU
         self._header_makers: list[subprocess.Popen] = []
@@ -74,7 +78,10 @@ class QuietDevice:
                 self._builders.discard(worker)
 
     def header_maker(self, maker: subprocess.Popen) -> None:
-        """A detached precompiled-header maker: on a CPU it is stopped while anything is timed."""
+        """A detached precompiled-header maker: on a CPU it is stopped while anything is timed; it runs where
+        the builds run."""
+        if self.build_placement is not None:
+            self.build_placement.apply_to(maker.pid)
         self._register_compiler(maker.pid, lambda: self._header_makers.append(maker))
 
     def _register_compiler(self, pid: int, add) -> None:

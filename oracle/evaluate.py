@@ -28,6 +28,7 @@ from typing import Any, Callable, ContextManager
 from oracle import gpu_lock, harness, judge
 from oracle.build import BuildOutcome, CandidateBuilds, build_key, cache_root, last_line
 from oracle.candidate import Candidate
+from oracle.cores import plan_cores
 from oracle.device_quiet import MemoryBudget, QuietDevice
 from oracle.extract import candidate_from_completion
 from oracle.pch import default_root
@@ -61,15 +62,25 @@ class OracleConfig:
     threads: int | None = None  # torch threads in workers (default: every core, the same for candidate and baselines)
     precompiled_headers: bool = True  # build C++ halves against a precompiled torch/extension.h (oracle.pch)
     stop_builds_while_timing: bool = True  # on a CPU: compilers share the cores being timed
+    # Builds and header makers kept off a core (oracle.cores), at a lower priority, so that the timing
+    # thread never waits for one between launches. None: on CUDA (on a CPU the builds are stopped instead).
+    reserve_timing_cores: bool | None = None
     pch_dir: Path | None = None  # where those headers live (default: oracle.pch.default_root())
     check_slots: int | None = None  # candidates checked at once on the device (default: 4 on a GPU, 1 on a CPU)
     reference_memory: float = 0.15  # share of the device's memory the kept reference outputs may use
-    candidate_memory: float = 0.45  # share the candidates' and torch.compile workers may be promised at once
+    candidate_memory: float = 0.45  # share the candidates' workers may be promised at once
+    # share the torch.compile workers may be promised at once: apart, so that baselines made in the
+    # background never keep a candidate's checks waiting for memory
+    compile_memory: float = 0.2
 
     @property
     def device_slots(self) -> int:
         """On a CPU the checks would compete for the cores that time: one candidate at a time there."""
         return self.check_slots or (4 if self.device == "cuda" else 1)
+
+    @property
+    def reserves_cores(self) -> bool:
+        return self.device == "cuda" if self.reserve_timing_cores is None else self.reserve_timing_cores
 
     @property
     def wants_compile(self) -> bool:
@@ -123,10 +134,13 @@ class Oracle:
         # single-threaded in one run and multi-threaded in the next, under one cache key.
         self.threads = c.threads or os.cpu_count() or 1
         builds_root = cache_root(c.cache_dir)
-        self.quiet = QuietDevice(c.device, c.stop_builds_while_timing, gpu_lock.for_device(c.device, c.cache_dir))
+        self.cores = plan_cores() if c.reserves_cores else None
+        self.quiet = QuietDevice(c.device, c.stop_builds_while_timing, gpu_lock.for_device(c.device, c.cache_dir),
+                                 self.cores.for_builds if self.cores is not None and self.cores.reserved else None)
         self.pch = (c.pch_dir or default_root()) if c.precompiled_headers else None
         self.builds = CandidateBuilds(builds_root, self.gpu_arch, self.pch, c.build_timeout_s, self.quiet)
         self.memory = MemoryBudget(int(c.candidate_memory * _device_memory(c.device)))
+        compile_memory = MemoryBudget(int(c.compile_memory * _device_memory(c.device)))
         settings = ReferenceSettings(
             device=c.device, device_name=self.device_name, threads=self.threads, check_seeds=c.check_seeds,
             extra_size_seed=c.extra_size_seed, timing_seeds=c.timing_seeds, init_seed=c.init_seed, timing=c.timing,
@@ -135,7 +149,7 @@ class Oracle:
             compile_workers=c.compile_workers or max(1, min(4, (os.cpu_count() or 1) // 4)))
         self.references = References(settings, builds_root.parent / "baselines", alone=self.quiet.alone,
                                      shared=lambda: self.quiet.lock.shared(), register=self.quiet.running,
-                                     reserve=lambda nbytes: self.memory.reserve(nbytes))
+                                     reserve=compile_memory.reserve)
         self.device_s: dict[str, float] = {"reference": 0.0, "baselines": 0.0, "checks": 0.0, "timing": 0.0}
 
     def alone(self, own: Worker | None = None):

@@ -150,3 +150,40 @@ def test_a_real_build_runs_its_compiler_on_the_build_cores(tmp_path):
         assert _thread_state(compiler, compiler) == (str(ALLOWED[0]), placement.nice)
     finally:
         worker.close()
+
+
+def _build_sees(tmp_path: Path, reserve: bool) -> dict:
+    """What a build worker of an oracle sees of its own placement: the candidate module, imported by the
+    build, writes its cores and niceness down (it builds nothing, so this takes a second)."""
+    from oracle.evaluate import Oracle, OracleConfig
+
+    seen = tmp_path / f"seen-{reserve}.json"
+    source = ("import json, os\n"
+              f"json.dump({{'cores': sorted(os.sched_getaffinity(0)), 'nice': os.getpriority(os.PRIO_PROCESS, 0)}}, "
+              f"open({str(seen)!r}, 'w'))\n")
+    oracle = Oracle(OracleConfig(device="cpu", reserve_timing_cores=reserve, cache_dir=tmp_path / f"cache-{reserve}",
+                                 precompiled_headers=False))
+    try:
+        oracle.builds.build(source, "cpp")
+    finally:
+        oracle.close()
+    return {**json.loads(seen.read_text()), "plan": oracle.cores}
+
+
+@needs_two_cores
+def test_an_oracle_that_reserves_timing_cores_builds_off_them(tmp_path):
+    kept = _build_sees(tmp_path, reserve=True)
+    plan = kept["plan"]
+    assert plan is not None and plan.reserved
+    assert kept["cores"] == sorted(plan.builds) and not set(kept["cores"]) & set(plan.timing)
+    assert kept["nice"] >= min(19, OWN_NICE + 1)
+    free = _build_sees(tmp_path, reserve=False)
+    assert free["plan"] is None and free["cores"] == ALLOWED and free["nice"] == OWN_NICE
+
+
+def test_a_cuda_oracle_reserves_timing_cores_by_default_and_a_cpu_one_does_not():
+    from oracle.evaluate import OracleConfig
+
+    assert OracleConfig(device="cuda").reserves_cores and not OracleConfig(device="cpu").reserves_cores
+    assert OracleConfig(device="cpu", reserve_timing_cores=True).reserves_cores
+    assert not OracleConfig(device="cuda", reserve_timing_cores=False).reserves_cores
