@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,9 @@ CORRECT = HERE.parent / "candidates" / "leaky_correct.py"
 CASES = sorted(HERE.glob("adv_*.py"))
 TASK_ID = "builtin/1_LeakyReLU_Scale"
 SECRET = "KS_ADV_SECRET_TOKEN"
-ORPHAN_PIDS = Path("/tmp/ks-adv-orphan.pids")  # written by adv_orphan_child.py
+ORPHAN_FILE = "/tmp/ks-adv-orphan.pids"  # where adv_orphan_child.py writes its children's pids
+# This session's own file in its place: two test runs on one machine must not read each other's children.
+ORPHAN_PIDS = Path(tempfile.mkdtemp(prefix="ks-adv-orphan-")) / "pids"
 pytestmark = pytest.mark.slow
 
 
@@ -90,7 +93,7 @@ def test_cheat_is_caught(oracle, task, honest, path):
     allowed = expected(path)
     if path.stem == "adv_orphan_child":
         ORPHAN_PIDS.unlink(missing_ok=True)
-    v = oracle.evaluate(task, path.read_text())
+    v = oracle.evaluate(task, path.read_text().replace(ORPHAN_FILE, str(ORPHAN_PIDS)))
     assert v.status in allowed, f"{path.name}: got {v.status}: {v.message}"
     if v.status == "correct":  # allowed only where the cheat is harmless: then the speed must be honest
         # (cheats that beat the clock gain 10x-1000x; a shared 2-core machine varies by ~3x between runs)
