@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the oracle's GPU checks, then its throughput from cold caches, then the GPU tests with
 # the builds that run left in the cache. Logs under $OUT (or /tmp/ks-out). Usage: benchmarks/gpu_run.sh [STEP...]
-# Steps: smoke, throughput, tests, peer, demo, profiling (default: smoke throughput tests).
+# Steps: smoke, throughput, tests, peer, demo, profiling, tolerance (default: smoke throughput tests).
 set -u
 out=${OUT:-/tmp/ks-out}; mkdir -p "$out"
 work=/tmp/ks-work; mkdir -p "$work"; export KERNELSEARCH_CACHE=$work/cache KERNELSEARCH_PCH=$work/cache/pch PYTHONUNBUFFERED=1
@@ -12,6 +12,7 @@ for step in $steps; do
     smoke) python3 -m pytest -q -m gpu -x tests/test_oracle_gpu.py -k trusted_side 2>&1 | tee "$out/smoke.log" | tail -25 ;;
     throughput) python3 benchmarks/throughput.py --ours --work "$work" --out "$out/throughput.json" 2>&1 | tee "$out/throughput.log" | tail -70 ;;
     tests) python3 -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu_tests.log" | tail -30 ;;
+    tolerance) python3 benchmarks/tolerance_table.py --out "$out/tolerance.json" 2>&1 | tee "$out/tolerance.log" | tail -25 ;;
     peer) python3 benchmarks/throughput.py --peer "${PEER_N:-32}" --work /tmp/ks-peer --out "$out/peer.json" 2>&1 | tee "$out/peer.log" | tail -8 ;;
     demo) rm -rf /tmp/ks-demo-cache; ( export KERNELSEARCH_CACHE=/tmp/ks-demo-cache KERNELSEARCH_PCH=/tmp/ks-demo-cache/pch;
           /usr/bin/time -f "demo wall %e s" python3 -m search.cli demo --device cuda 2>&1 | tee "$out/demo.log" | tail -40 ) ;;

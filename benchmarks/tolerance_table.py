@@ -40,7 +40,8 @@ from oracle.tolerance import POLICIES  # noqa: E402
 
 CANDIDATES = ROOT / "candidates_kb"
 DATA = [ROOT.parent.parent / "shared" / "kernelbench" / "kernelbench_levels1-3.jsonl",
-        ROOT.parent / ".shared" / "kernelbench" / "kernelbench_levels1-3.jsonl"]
+        ROOT.parent / ".shared" / "kernelbench" / "kernelbench_levels1-3.jsonl",
+        ROOT.parent / "shared" / "kernelbench" / "kernelbench_levels1-3.jsonl"]
 # torch's own flags for CUDA extensions (torch.utils.cpp_extension.COMMON_NVCC_FLAGS), so the check here
 # refuses what a real build refuses.
 NVCC_FLAGS = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
@@ -179,10 +180,13 @@ def judge(candidates: list[KbCandidate], tasks: dict, jobs: int, cache: Path | N
             if n == 0:
                 print(f"built {len(builds)} kernels in {time.perf_counter() - started:.0f} s "
                       f"({sum(not b.cached for b in builds.values())} compiled)", flush=True)
-            for c in candidates:
-                v = oracle.check_and_time(tasks[c.task_id], made[c.name], builds[c.name])
-                verdicts[c.name, policy] = v
-                print(f"  {policy:17s} {c.name:40s} {v.status:14s} {v.message[:110]}", flush=True)
+            # Checks of several kernels overlap on the device (the oracle's device slots); timing holds it alone.
+            with ThreadPoolExecutor(max_workers=oracle.config.device_slots) as pool:
+                judged = pool.map(lambda c: oracle.check_and_time(tasks[c.task_id], made[c.name], builds[c.name]),
+                                  candidates)
+                for c, v in zip(candidates, judged):
+                    verdicts[c.name, policy] = v
+                    print(f"  {policy:17s} {c.name:40s} {v.status:14s} {v.message[:110]}", flush=True)
         finally:
             oracle.close()
     rows = []

@@ -83,16 +83,22 @@ def compare(out: object, ref: torch.Tensor, label: str = "output", policy: str =
     outcomes = {"kernelbench": _elementwise(out, ref, diff, finite, atol, rtol, label, l2_guard=True),
                 "kernelbench-v0.1": _elementwise(out, ref, diff, finite, V0_1_TOLERANCE, V0_1_TOLERANCE, label,
                                                  l2_guard=False)}
-    figures = ErrorFigures(max_abs=max_diff, max_rel=max_rel)
+    figures = ErrorFigures(max_abs=_bounded(max_diff), max_rel=_bounded(max_rel))
     if correction is not None and scale is not None:
-        outcomes["numeric"], figures.rel_l2_64 = _numeric(out, ref, correction, scale, finite, label)
+        outcomes["numeric"], rel = _numeric(out, ref, correction, scale, finite, label)
+        figures.rel_l2_64 = _bounded(rel)
         figures.ref32_rel_l2_64 = scale.rel_l2
     else:
         outcomes["numeric"] = outcomes[FALLBACK_POLICY]
-    figures.over_bound = {name: o.over_bound for name, o in outcomes.items()}
+    figures.over_bound = {name: _bounded(o.over_bound) for name, o in outcomes.items()}
     passes = [name for name in POLICIES if outcomes[name].ok]
     chosen = outcomes[policy]
     return Comparison(chosen.ok, chosen.message, max_diff, passes, figures)
+
+
+def _bounded(x: float) -> float:
+    """A figure JSON can carry: overflowed or undefined ones (inf, NaN) as UNBOUNDED."""
+    return x if math.isfinite(x) and x < UNBOUNDED else UNBOUNDED
 
 
 def _elementwise(out, ref, diff, finite, atol: float, rtol: float, label: str, l2_guard: bool) -> _Outcome:

@@ -319,3 +319,12 @@ def test_task_constants_are_defined_and_the_smaller_size_is_named_when_only_it_f
     assert v.message.startswith(f"check 6 of 6 (at the second, smaller size batch_size={small}; the checks before it, "
                                 f"at the task's size batch_size={task.sizes['batch_size']}, passed"), v.message
     assert "has shape" in v.message
+
+
+def test_figures_stay_finite_when_the_difference_overflows():
+    ref = torch.tensor([3e38, 1.0])
+    out = torch.tensor([-3e38, 1.0])
+    result = compare(out, ref, correction=torch.zeros(2), scale=Float64Scale(1e-8, 1e-8))
+    assert result.passes == []
+    figures = result.figures.to_json()
+    assert figures["max_abs"] == UNBOUNDED and all(v <= UNBOUNDED for v in figures["over_bound"].values())
