@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from oracle.tolerance import DEFAULT_POLICY
 from oracle.verdict import SAMPLE_STATUSES, SHORT_NAMES
 from search.budget import UNITS as BUDGET_UNITS
 from search.budget_view import budget_report
@@ -91,6 +92,9 @@ def load_run(path: Path) -> tuple[dict[str, Any], list[SampleRecord], dict[str, 
 def run_stats(path: Path, tolerance: str | None = None) -> RunStats:
     """The run's statistics; `tolerance`: count correct under this policy instead of the run's own."""
     config, records, best = load_run(path)
+    if tolerance not in (None, config.get("tolerance") or DEFAULT_POLICY) and "tolerance" not in config:
+        raise ReportError(f"{path}: recorded before verdicts listed the tolerance policies they pass; it can only "
+                          f"be counted under its own ({DEFAULT_POLICY})")
     try:
         return RunStats(records, config, best, tolerance=tolerance)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
