@@ -377,7 +377,7 @@ class RunStats:
             if tid not in by_strategy[strategy]:
                 by_strategy[strategy][tid] = TaskStats(tid, self.tasks[tid].level)
             for t in (self.tasks[tid], by_strategy[strategy][tid]):
-                self._add(t, r)
+                self._add(t, r, self.correct(r), self.timed(r))
         for tid, t in self.tasks.items():
             verdict = (best or {}).get(tid)
             if isinstance(verdict, dict) and self._passes(verdict) and number_or_none(verdict.get("speedup_vs_eager")):
@@ -419,7 +419,10 @@ class RunStats:
             return False
         return self.tolerance == self.run_tolerance or self.tolerance in (verdict.get("passes") or [])
 
-    def _add(self, t: TaskStats, r: SampleRecord) -> None:
+    @staticmethod
+    def _add(t: TaskStats, r: SampleRecord, correct: bool | None = None, timed: bool | None = None) -> None:
+        """Count one record into a task's figures; `correct` and `timed` as `RunStats.correct` and
+        `RunStats.timed` say (default: the recorded status, as the live view counts)."""
         status = r.status
         t.status_counts[status] = t.status_counts.get(status, 0) + 1
         t.tokens += r.tokens_out
@@ -431,7 +434,8 @@ class RunStats:
         t.samples += 1
         if r.duplicate_of is not None:
             t.duplicates += 1
-        ok, timed = self.correct(r), self.timed(r)
+        ok = r.correct if correct is None else correct
+        timed = ok if timed is None else timed
         t.speedups_vs_eager.append((r.speedup_vs_eager or 0.0) if timed else 0.0)
         t.speedups_vs_compile.append((r.speedup_vs_compile or 0.0) if timed else 0.0)
         if ok:
