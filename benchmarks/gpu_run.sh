@@ -25,8 +25,8 @@ print(''.join(json.dumps({'task': t, 'completion': (c / t / 'correct.py').read_t
                for t in ('level1/19_ReLU', 'level2/12_Gemm_Multiply_LeakyReLU')), end='')\" > $work/profiling.jsonl &&
           python3 -m search.cli run --source $data --tasks level1/19_ReLU,level2/12_Gemm_Multiply_LeakyReLU \
           --generator replay:$work/profiling.jsonl --strategy profiling -n 1 --device cuda --out $out/profiling-run > $out/profiling.log 2>&1" ;;
-    fidelity) echo "python3 benchmarks/fidelity.py ${FIDELITY_ARGS:-} --cache $work/fidelity-cache --out $out/fidelity.json > $out/fidelity.log 2>&1" ;;
-    tolerance) echo "python3 benchmarks/tolerance_table.py --source $data --out $out/tolerance.json > $out/tolerance.log 2>&1" ;;
+    fidelity) echo "KERNELSEARCH_PCH=$work/fidelity-cache/pch python3 benchmarks/fidelity.py ${FIDELITY_ARGS:-} --cache $work/fidelity-cache --out $out/fidelity.json > $out/fidelity.log 2>&1" ;;
+    tolerance) echo "KERNELSEARCH_PCH=$work/tolerance-cache/pch python3 benchmarks/tolerance_table.py --source $data --cache $work/tolerance-cache --out $out/tolerance.json > $out/tolerance.log 2>&1" ;;
     *) return 1 ;;
   esac
 }

@@ -1,14 +1,20 @@
 """Compare a candidate's outputs with the reference's, on the trusted side, and say how they differ.
 
-docs/oracle.md, "Correctness": elementwise |out - ref| <= atol + rtol * |ref| with per-dtype tolerances, and
-NaN / inf exactly where the reference has them.
+docs/oracle.md, "Correctness" and "Tolerance policies": every policy of `oracle.tolerance` is decided from one
+difference tensor, so a verdict can say which policies its outputs pass; NaN / inf must be exactly where the
+reference has them under every policy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
+
+from oracle.protocol import ErrorFigures
+from oracle.tolerance import (DEFAULT_POLICY, FALLBACK_POLICY, NUMERIC_FACTOR, NUMERIC_FLOOR, POLICIES, UNBOUNDED,
+                              V0_1_TOLERANCE, Float64Scale, numeric_bounds, ratio)
 
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {  # dtype -> (atol, rtol)
     torch.float32: (1e-4, 1e-4),
@@ -24,9 +30,20 @@ MAX_RELATIVE_L2 = 1e-2
 
 @dataclass
 class Comparison:
-    ok: bool
+    ok: bool  # under the asked policy
     message: str  # empty when ok
     max_abs_diff: float = 0.0
+    passes: list[str] = field(default_factory=list)  # every policy these outputs pass
+    figures: ErrorFigures | None = None
+
+
+@dataclass
+class _Outcome:
+    """One policy's answer for one output: passed, its worst error over its bound, and why not."""
+
+    ok: bool
+    over_bound: float
+    message: str = ""
 
 
 def _fmt_index(flat: int, shape: torch.Size) -> str:
@@ -37,8 +54,11 @@ def _fmt_index(flat: int, shape: torch.Size) -> str:
     return "[" + ", ".join(map(str, reversed(idx))) + "]"
 
 
-def compare(out: object, ref: torch.Tensor, label: str = "output") -> Comparison:
-    """Check one output tensor against the reference tensor."""
+def compare(out: object, ref: torch.Tensor, label: str = "output", policy: str = DEFAULT_POLICY,
+            correction: torch.Tensor | None = None, scale: Float64Scale | None = None) -> Comparison:
+    """Check one output tensor against the reference tensor under every policy at once (the figures come
+    from one difference tensor); `ok` and `message` are the asked `policy`'s. `correction` (ref64 - ref, in
+    float32) and `scale` come from the float64 reference; without them `numeric` falls back to kernelbench."""
     if type(out) is not torch.Tensor:
         return Comparison(False, f"{label} is a {type(out).__name__}, expected a plain torch.Tensor")
     if out.shape != ref.shape:
@@ -48,24 +68,93 @@ def compare(out: object, ref: torch.Tensor, label: str = "output") -> Comparison
     if not ref.is_floating_point():
         bad = (out != ref).flatten()
         if not bad.any():
-            return Comparison(True, "")
-        return _mismatch_message(out, ref, bad, label, "exact match required")
+            return Comparison(True, "", passes=list(POLICIES), figures=ErrorFigures())
+        wrong = _mismatch_message(out, ref, bad, label, "exact match required")
+        return Comparison(False, wrong.message, figures=ErrorFigures(
+            max_abs=float((out.double() - ref.double()).abs().max()), max_rel=UNBOUNDED,
+            over_bound={p: UNBOUNDED for p in POLICIES}))
+    wide = torch.promote_types(ref.dtype, torch.float32)
+    finite = torch.isfinite(ref) & torch.isfinite(out)
+    diff = torch.where(finite, (out.to(wide) - ref.to(wide)).abs(), 0)
+    max_diff = float(diff.max()) if diff.numel() else 0.0
+    nonzero = finite & (ref != 0)
+    max_rel = float((diff[nonzero] / ref.to(wide)[nonzero].abs()).max()) if nonzero.any() else 0.0
     atol, rtol = TOLERANCES.get(ref.dtype, (1e-4, 1e-4))
-    # isclose is |out - ref| <= atol + rtol * |ref|, with NaN only where NaN and inf only where the same inf.
+    outcomes = {"kernelbench": _elementwise(out, ref, diff, finite, atol, rtol, label, l2_guard=True),
+                "kernelbench-v0.1": _elementwise(out, ref, diff, finite, V0_1_TOLERANCE, V0_1_TOLERANCE, label,
+                                                 l2_guard=False)}
+    figures = ErrorFigures(max_abs=_bounded(max_diff), max_rel=_bounded(max_rel))
+    if correction is not None and scale is not None:
+        outcomes["numeric"], rel = _numeric(out, ref, correction, scale, finite, label)
+        figures.rel_l2_64 = _bounded(rel)
+        figures.ref32_rel_l2_64 = scale.rel_l2
+    else:
+        outcomes["numeric"] = outcomes[FALLBACK_POLICY]
+    figures.over_bound = {name: _bounded(o.over_bound) for name, o in outcomes.items()}
+    passes = [name for name in POLICIES if outcomes[name].ok]
+    chosen = outcomes[policy]
+    return Comparison(chosen.ok, chosen.message, max_diff, passes, figures)
+
+
+def _bounded(x: float) -> float:
+    """A figure JSON can carry: overflowed or undefined ones (inf, NaN) as UNBOUNDED."""
+    return x if math.isfinite(x) and x < UNBOUNDED else UNBOUNDED
+
+
+def _elementwise(out, ref, diff, finite, atol: float, rtol: float, label: str, l2_guard: bool) -> _Outcome:
+    """|out - ref| <= atol + rtol * |ref| (torch.isclose, in the output's dtype: the decision KernelBench
+    makes), NaN and inf where the reference has them, and optionally the relative L2 guard."""
     good = torch.isclose(out, ref, rtol=rtol, atol=atol, equal_nan=True)
     bad = ~good.flatten()
-    finite = torch.isfinite(ref) & torch.isfinite(out)
-    diff = (out.float() - ref.float()).abs()[finite]
-    max_diff = float(diff.max()) if diff.numel() else 0.0
+    bound = atol + rtol * ref.to(diff.dtype).abs()
+    worst = float((diff / bound).max()) if diff.numel() else 0.0
     if bad.any():
-        return _mismatch_message(out, ref, bad, label, f"atol={atol:g}, rtol={rtol:g}", max_diff)
-    ref_norm = float(torch.linalg.vector_norm(ref.float()[finite]))
+        wrong = _mismatch_message(out, ref, bad, label, f"atol={atol:g}, rtol={rtol:g}", float(diff.max()))
+        over = UNBOUNDED if _misplaced(out, ref) else max(worst, math.nextafter(1.0, 2.0))
+        return _Outcome(False, over, wrong.message)
+    if not l2_guard:
+        return _Outcome(True, worst)
+    ref_norm = float(torch.linalg.vector_norm(torch.where(finite, ref.to(diff.dtype), 0)))
     if ref_norm > 0:
         rel = float(torch.linalg.vector_norm(diff)) / ref_norm
+        worst = max(worst, rel / MAX_RELATIVE_L2)
         if rel > MAX_RELATIVE_L2:
-            return Comparison(False, f"{label}: relative L2 error {rel:.3g} > {MAX_RELATIVE_L2:g} (each element is "
-                              "within atol only because the values are tiny)", max_diff)
-    return Comparison(True, "", max_diff)
+            return _Outcome(False, worst, f"{label}: relative L2 error {rel:.3g} > {MAX_RELATIVE_L2:g} (each element "
+                            "is within atol only because the values are tiny)")
+    return _Outcome(True, worst)
+
+
+def _misplaced(out: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Some NaN or inf is not where the reference has it (no tolerance makes that right)."""
+    same = torch.where(torch.isfinite(ref), torch.isfinite(out), (out == ref) | (torch.isnan(out) & torch.isnan(ref)))
+    return not bool(same.all())
+
+
+def _numeric(out, ref, correction, scale: Float64Scale, finite, label: str) -> tuple[_Outcome, float]:
+    """The `numeric` policy (oracle.tolerance): the error against float64, over the float32 reference's own."""
+    if _misplaced(out, ref):
+        bad = ~torch.isclose(out, ref, rtol=0, atol=float("inf"), equal_nan=True).flatten()
+        return _Outcome(False, UNBOUNDED, _mismatch_message(out, ref, bad, label, "NaN and inf where the reference "
+                                                            "has them").message), UNBOUNDED
+    ref64 = torch.where(finite, ref.double() + correction.double(), 0)
+    err = torch.where(finite, out.double() - ref64, 0)
+    ref_norm = float(torch.linalg.vector_norm(ref64))
+    ref_peak = float(ref64.abs().max()) if ref64.numel() else 0.0
+    err_norm = float(torch.linalg.vector_norm(err))
+    l2_bound, elem_bound = numeric_bounds(scale, ref_norm, ref_peak)
+    rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else UNBOUNDED)
+    elem = err.abs().flatten()
+    worst = max(ratio(err_norm, l2_bound), ratio(float(elem.max()) if elem.numel() else 0.0, elem_bound))
+    bad = elem > elem_bound
+    if bad.any():
+        return _Outcome(False, worst, _mismatch_message(
+            out, ref, bad, label, f"numeric: more than {elem_bound:.3g} from the float64 reference, {NUMERIC_FACTOR:g}x "
+            f"the float32 reference's own largest error").message), rel
+    if err_norm > l2_bound:
+        return _Outcome(False, worst, f"{label}: relative L2 error against a float64 reference {rel:.3g}, over "
+                        f"{NUMERIC_FACTOR:g}x the float32 reference's own ({scale.rel_l2:.3g}, at least "
+                        f"{NUMERIC_FLOOR:.3g}): the kernel computes in lower precision than float32?"), rel
+    return _Outcome(True, worst), rel
 
 
 def _mismatch_message(out, ref, bad, label, tol, max_diff: float = 0.0) -> Comparison:

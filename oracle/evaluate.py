@@ -32,10 +32,11 @@ from oracle.cores import plan_cores
 from oracle.device_quiet import MemoryBudget, QuietDevice
 from oracle.extract import candidate_from_completion
 from oracle.pch import default_root
-from oracle.protocol import CandidateJob, Checked, OutputsReady
+from oracle.protocol import CandidateJob, Checked, ErrorFigures, OutputsReady
 from oracle.reference import Reference, ReferenceError, References, ReferenceSettings
 from oracle.sandbox import PhaseTimeout, Worker, WorkerDied
 from oracle.timing import TimingParams, block_calls
+from oracle.tolerance import DEFAULT_POLICY, FALLBACK_FLAG, POLICIES, check_policy
 from oracle.verdict import Verdict
 from tasks.model import Task
 
@@ -72,6 +73,10 @@ class OracleConfig:
     # share the torch.compile workers may be promised at once: apart, so that baselines made in the
     # background never keep a candidate's checks waiting for memory
     compile_memory: float = 0.2
+    tolerance: str = DEFAULT_POLICY  # the tolerance policy verdicts follow (oracle.tolerance)
+
+    def __post_init__(self) -> None:
+        check_policy(self.tolerance)
 
     @property
     def device_slots(self) -> int:
@@ -247,7 +252,8 @@ class Oracle:
         return Verdict.from_json(fields)
 
     def _verdict(self, task: Task, status: str, message: str, **fields: Any) -> Verdict:
-        return Verdict(task=task.id, status=status, message=message, device=self.config.device, sizes=dict(task.sizes), **fields)
+        return Verdict(task=task.id, status=status, message=message, device=self.config.device, sizes=dict(task.sizes),
+                       tolerance=self.config.tolerance, **fields)
 
 
 class _CandidateRun:
@@ -260,9 +266,22 @@ class _CandidateRun:
         self.session: int | None = None
         self.share_dir: Path | None = None
         self.compared: list[tuple[str, int]] = []
+        # Tolerance policies (docs/oracle.md, "Tolerance policies"): those every comparison so far passed,
+        # the worst error figures, and the first failure under the run's own policy (judging goes on
+        # through the checks while another policy still passes, so the verdict can say which ones do).
+        self.passes: set[str] = set(POLICIES)
+        self.errors: ErrorFigures | None = None
+        self.failed: str | None = None
 
     def _verdict(self, status: str, message: str, **fields: Any) -> Verdict:
-        return self.oracle._verdict(self.task, status, message, **{**self.base, **fields})
+        verdict = self.oracle._verdict(self.task, status, message, **{**self.base, **fields})
+        verdict.errors = self.errors
+        if self.errors is not None and self.errors.float64 and FALLBACK_FLAG not in verdict.flags:
+            verdict.flags = [*verdict.flags, FALLBACK_FLAG]
+        return verdict
+
+    def _passes(self) -> list[str]:
+        return [p for p in POLICIES if p in self.passes]
 
     def judged(self, quiet: Callable[[], ContextManager]) -> Verdict:
         oracle, c = self.oracle, self.oracle.config
@@ -306,6 +325,8 @@ class _CandidateRun:
             own = judge.own_kernel_problem(self.candidate.backend, self.candidate.source, checked, self.reference.ops)
             if own:
                 return self._verdict("rejected", own, verify_s=verify_s)
+            if self.failed is not None:  # wrong under the run's policy, right under another: not timed
+                return self._verdict("incorrect", self.failed, verify_s=verify_s, passes=self._passes())
             t1 = time.perf_counter()
             with oracle.quiet.running(self.worker), oracle.quiet.alone(self.worker), quiet():
                 self.worker.send(cmd="time")
@@ -337,7 +358,8 @@ class _CandidateRun:
         flags = ["constant_reference"] if self.reference.prepared.constant else []  # e.g. a ReLU after a shift
         fields = judge.score(timing, self.reference.eager, self.reference.prepared.floor, flags, checked.kernel_ms)
         fields.setdefault("timing", {})["worker_phases"] = {k: round(v, 4) for k, v in self.worker.phases.items()}
-        return self._verdict(**fields, verify_s=verify_s, time_s=time_s)
+        passes = self._passes() if fields["status"] == "correct" else []
+        return self._verdict(**fields, verify_s=verify_s, time_s=time_s, passes=passes)
 
     def _expected_checks(self) -> list[tuple[str, int]]:
         expected = [("check", i) for i in range(len(self.reference.cases))]
@@ -361,9 +383,17 @@ class _CandidateRun:
                     return self._verdict("runtime_error", "the candidate's process sent outputs it was not asked for "
                                          "(it must not write to the oracle's pipe)")
                 compared = self.oracle.references.compare(self.session, ready.kind, ready.index, ready.tensors,
-                                                          str(self.share_dir) if self.share_dir else None)
-                if not compared.ok:
-                    return self._verdict("incorrect", compared.message)
+                                                          str(self.share_dir) if self.share_dir else None,
+                                                          self.oracle.config.tolerance)
+                if compared.errors:
+                    figures = ErrorFigures.from_json(compared.errors)
+                    self.errors = figures if self.errors is None else self.errors.merged(figures)
+                self.passes &= set(compared.passes)
+                if not compared.ok and self.failed is None:
+                    self.failed = compared.message
+                # Checks go on while another policy still passes; a timed call's failure ends the run.
+                if self.failed is not None and (wanted != "checked" or not self.passes):
+                    return self._verdict("incorrect", self.failed, passes=self._passes())
                 self.compared.append((ready.kind, ready.index))
                 self.worker.send(cmd="go")
             elif "checked" in message and wanted == "checked":

@@ -9,12 +9,14 @@ docs/oracle.md.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from oracle.compare import compare
-from oracle.protocol import Checked
+from oracle.protocol import Checked, ErrorFigures
+from oracle.tolerance import DEFAULT_POLICY, POLICIES, Float64Scale
 from oracle.verdict import WORKER_STATUSES  # the only statuses a worker may report itself
 
 # Operators that move or shape data but compute nothing: calling them is not a fallback (docs/oracle.md,
@@ -32,24 +34,61 @@ NON_COMPUTE_OPS = {
 LAUNCH_BOUND_BUSY = 0.5
 
 
-def output_problem(outputs: list[torch.Tensor | None], expected: list[torch.Tensor | None], where: str) -> str | None:
-    """Why `outputs` are not the `expected` ones (None when they are); `where` names the call for the message."""
+@dataclass
+class OutputsJudged:
+    """One call's outputs against the reference: the asked policy's problem (None: they pass it), every
+    policy they pass, and the error figures (None when no output was compared)."""
+
+    problem: str | None
+    passes: list[str]
+    figures: ErrorFigures | None = None
+
+
+def judge_outputs(outputs: list[torch.Tensor | None], expected: list[torch.Tensor | None], where: str,
+                  policy: str = DEFAULT_POLICY, corrections: list[torch.Tensor | None] | None = None,
+                  scales: list[Float64Scale | None] | None = None) -> OutputsJudged:
+    """`outputs` against the `expected` ones under every tolerance policy; `where` names the call for the
+    message. `corrections` and `scales` (per output) come from the float64 reference, where there is one."""
     if len(outputs) != len(expected):
-        return f"{where}: forward returned {len(outputs)} output(s), expected {len(expected)}"
+        return OutputsJudged(f"{where}: forward returned {len(outputs)} output(s), expected {len(expected)}", [])
+    passes, figures, problem = set(POLICIES), None, None
     for j, (out, ref) in enumerate(zip(outputs, expected)):
         label = f"output {j}" if len(expected) > 1 else "output"
         if ref is None:
             continue
         if out is None:
-            return f"{where}: {label} is not a tensor"
-        result = compare(out, ref, label)
-        if not result.ok:
-            return f"{where}: {result.message}"
-    return None
+            return OutputsJudged(f"{where}: {label} is not a tensor", [], figures)
+        correction = corrections[j] if corrections else None
+        scale = scales[j] if scales else None
+        result = compare(out, ref, label, policy, correction, scale)
+        passes &= set(result.passes)
+        figures = result.figures if figures is None else figures.merged(result.figures)
+        if not result.ok and problem is None:
+            problem = f"{where}: {result.message}"
+        if not passes:
+            break
+    return OutputsJudged(problem, [p for p in POLICIES if p in passes], figures)
 
 
-def check_name(index: int, checks: int, smaller_size: bool) -> str:
-    return f"check {index + 1} of {checks}" + (" (at the second, smaller size)" if smaller_size else "")
+def output_problem(outputs: list[torch.Tensor | None], expected: list[torch.Tensor | None], where: str,
+                   policy: str = DEFAULT_POLICY) -> str | None:
+    """Why `outputs` are not the `expected` ones under `policy` (None when they are)."""
+    return judge_outputs(outputs, expected, where, policy).problem
+
+
+def check_name(index: int, checks: int, smaller: dict[str, Any] | None = None,
+               sizes: dict[str, Any] | None = None) -> str:
+    """How a message names a check. `smaller`: for the check at the second, smaller size, the size constants
+    that differ there, and `sizes` their values at the task's size, so the message says which size failed."""
+    name = f"check {index + 1} of {checks}"
+    if smaller is None:
+        return name
+    if not smaller:
+        return name + " (at the second, smaller size)"
+    at = ", ".join(f"{k}={v}" for k, v in smaller.items())
+    usual = ", ".join(f"{k}={(sizes or {}).get(k, '?')}" for k in smaller)
+    return (f"{name} (at the second, smaller size {at}; the checks before it, at the task's size {usual}, "
+            "passed: is the kernel specialised to one size?)")
 
 
 def timed_name(kind: str, index: int) -> str:

@@ -168,6 +168,7 @@ class Prepared(Record):
     input_bytes: int  # of one call's inputs at the task's size
     reference_s: float  # seconds spent computing it (0 when it was kept from before)
     error: str | None = None
+    float64: str | None = None  # why the float64 reference could not be made (None: it was, or not needed)
 
 
 @dataclass
@@ -180,18 +181,49 @@ class TimeEager(Record):
 
 @dataclass
 class Compare(Record):
-    """Compare outputs a worker shared with the task's reference (`OutputsReady` fields, and the session)."""
+    """Compare outputs a worker shared with the task's reference (`OutputsReady` fields, and the session),
+    under every tolerance policy; `policy` is the one whose message is wanted."""
 
     session: int
     kind: str
     index: int
     tensors: list[dict[str, Any] | None]
     share_dir: str | None
+    policy: str = "kernelbench"
+
+
+@dataclass
+class ErrorFigures(Record):
+    """How far a candidate's outputs are from the reference, over the comparisons made (the worst of each):
+    what `kernelsearch report --tolerance` needs to judge it under another policy (oracle.tolerance)."""
+
+    max_abs: float = 0.0  # largest |out - ref| (the task's own-dtype reference), finite elements
+    max_rel: float = 0.0  # largest |out - ref| / |ref| over the elements where ref is not 0
+    rel_l2_64: float | None = None  # ||out - ref64|| / ||ref64||: against the float64 reference
+    ref32_rel_l2_64: float | None = None  # the float32 reference's own ||ref32 - ref64|| / ||ref64|| (its scale)
+    over_bound: dict[str, float] = field(default_factory=dict)  # policy -> worst error over its bound (<= 1 passes)
+    float64: str | None = None  # why there was no float64 reference (None: there was, or no float output)
+
+    def merged(self, other: "ErrorFigures | None") -> "ErrorFigures":
+        if other is None:
+            return self
+
+        def worst(a: float | None, b: float | None) -> float | None:
+            return b if a is None else a if b is None else max(a, b)
+
+        bounds = dict(self.over_bound)
+        for name, value in other.over_bound.items():
+            bounds[name] = max(bounds.get(name, 0.0), value)
+        return ErrorFigures(max(self.max_abs, other.max_abs), max(self.max_rel, other.max_rel),
+                            worst(self.rel_l2_64, other.rel_l2_64), worst(self.ref32_rel_l2_64, other.ref32_rel_l2_64),
+                            bounds, self.float64 or other.float64)
 
 
 @dataclass
 class Compared(Record):
-    ok: bool
+    ok: bool  # under the asked policy
     message: str = ""
     max_abs_diff: float = 0.0
     seconds: float = 0.0
+    passes: list[str] = field(default_factory=list)  # the policies these outputs pass
+    errors: dict[str, Any] | None = None  # ErrorFigures.to_json()

@@ -318,8 +318,10 @@ class References:
             self.get(task, quiet)
             return int(self.process.request("open", {"key": reference.key}))
 
-    def compare(self, session: int, kind: str, index: int, tensors: list, share_dir: str | None) -> Compared:
-        reply = self.process.request("compare", Compare(session, kind, index, tensors, share_dir).to_json())
+    def compare(self, session: int, kind: str, index: int, tensors: list, share_dir: str | None,
+                policy: str = "kernelbench") -> Compared:
+        """The outputs against the reference under every policy; `ok` and the message are `policy`'s."""
+        reply = self.process.request("compare", Compare(session, kind, index, tensors, share_dir, policy).to_json())
         return Compared.from_json(reply)
 
     def close_session(self, session: int) -> None:

@@ -16,6 +16,8 @@ Requests and replies are the records of `oracle.protocol`, one at a time over th
 
 from __future__ import annotations
 
+import copy
+import functools
 import time
 import traceback
 from collections import OrderedDict
@@ -28,10 +30,11 @@ import torch
 
 from oracle import floor, timing
 from oracle.harness import _device_setup, _enter_worker, _flat_outputs, _profile_call, _reference_model, _seeded_inputs
-from oracle.judge import REUSED_OUTPUT, check_name, output_problem, timed_name, unchanged
+from oracle.judge import REUSED_OUTPUT, OutputsJudged, check_name, judge_outputs, timed_name, unchanged
 from oracle.protocol import Case, Compare, Compared, Prepared, PrepareTask, TimeEager, receive, send
 from oracle.shared_tensors import SharedTensor, ShareError, import_tensor
-from tasks.runtime import exec_task_code, one_line
+from oracle.tolerance import POLICIES, Float64Scale
+from tasks.runtime import exec_task_code, one_line, task_constants
 
 
 @dataclass
@@ -45,10 +48,19 @@ class TaskReference:
     timing_outputs: list[list[torch.Tensor | None]]  # per timing input set
     prepared: Prepared
     sessions: int = 0  # candidates being judged against it now
+    # From the float64 reference (None where it could not be made): ref64 - ref per output, kept in float32
+    # (the difference is tiny, so float32 holds it to ~1e-7 of itself at half the memory of ref64), per
+    # check case and per timing input set, and each output's float32 error scale over the checks.
+    corrections: list[list[torch.Tensor | None]] | None = None
+    timing_corrections: list[list[torch.Tensor | None]] | None = None
+    scales: list[Float64Scale | None] | None = None
+    smaller: dict[str, Any] | None = None  # the size constants that differ at the second, smaller size
+    sizes: dict[str, Any] = field(default_factory=dict)  # the task's size constants
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for outs in self.outputs + self.timing_outputs for t in outs if t is not None)
+        kept = self.outputs + self.timing_outputs + (self.corrections or []) + (self.timing_corrections or [])
+        return sum(t.numel() * t.element_size() for outs in kept for t in outs if t is not None)
 
 
 @dataclass
@@ -99,11 +111,19 @@ class ReferenceState:
         if device == "cuda":
             torch.cuda.empty_cache()  # the temporaries of the reference calls go back to the device
         constant = all(t is None or t.numel() < 2 or bool((t == t.flatten()[0]).all()) for outs in outputs for t in outs)
+        send(conn, phase="float64 reference", deadline_s=request.call_timeout_s * (len(cases) + len(request.timing_seeds)))
+        float64 = _float64_reference(modules, models, cases, request.timing_seeds, outputs, timing_outputs, device)
         prepared = Prepared(ops=ops, kernels=kernels, floor=measured_floor, constant=constant,
                             output_bytes=sum(t.numel() * t.element_size() for t in outputs[0] if t is not None),
                             input_bytes=input_bytes,
-                            reference_s=time.perf_counter() - started)
-        self.tasks[request.key] = TaskReference(request, modules, models, outputs, timing_outputs, prepared)
+                            reference_s=time.perf_counter() - started,
+                            float64=float64 if isinstance(float64, str) else None)
+        sizes = [task_constants(m.namespace) for m in modules]
+        smaller = {k: v for k, v in sizes[1].items() if sizes[0].get(k) != v} if len(sizes) > 1 else None
+        ref = TaskReference(request, modules, models, outputs, timing_outputs, prepared, smaller=smaller, sizes=sizes[0])
+        if not isinstance(float64, str):
+            ref.corrections, ref.timing_corrections, ref.scales = float64
+        self.tasks[request.key] = ref
         self._evict()
         return prepared
 
@@ -164,34 +184,111 @@ class ReferenceState:
             if not 0 <= request.index < len(ref.outputs):
                 raise ValueError("no such check")
             cases = [Case.from_json(c) for c in ref.request.cases]
-            where = check_name(request.index, len(cases), cases[request.index].code > 0)
-            problem = _problem(outs, ref.outputs[request.index], where)
-            if request.index == 0 and problem is None:
+            where = check_name(request.index, len(cases), ref.smaller if cases[request.index].code > 0 else None,
+                               ref.sizes)
+            judged = _judged(outs, ref.outputs[request.index], where, request.policy,
+                             ref.corrections[request.index] if ref.corrections else None, ref.scales)
+            if request.index == 0 and judged.passes:
                 session.first_outputs = outs
         elif request.kind == "after":
+            judged = OutputsJudged(None, list(POLICIES))
             if session.first_outputs is not None and not unchanged(session.first_outputs, outs):
-                problem = REUSED_OUTPUT
+                judged = OutputsJudged(REUSED_OUTPUT, [])
         elif request.kind in ("timed", "block"):
             if not 0 <= request.index < len(ref.timing_outputs):
                 raise ValueError("no such timing input set")
-            wrong = _problem(outs, ref.timing_outputs[request.index], timed_name(request.kind, request.index))
-            problem = f"{wrong}; the output must be right on every call" if wrong else None
+            judged = _judged(outs, ref.timing_outputs[request.index], timed_name(request.kind, request.index),
+                             request.policy, ref.timing_corrections[request.index] if ref.timing_corrections else None,
+                             ref.scales)
+            if judged.problem:
+                judged.problem += "; the output must be right on every call"
         else:
             raise ValueError(f"unknown comparison {request.kind!r}")
         del outs
         if self.device == "cuda" and ref.prepared.output_bytes > 256 * 1024**2:
             torch.cuda.empty_cache()  # large copies: leave the memory to the candidates
-        return Compared(problem is None, problem or "", seconds=time.perf_counter() - started)
+        figures = judged.figures
+        if figures is not None and ref.prepared.float64:
+            figures.float64 = ref.prepared.float64
+        return Compared(judged.problem is None, judged.problem or "", seconds=time.perf_counter() - started,
+                        passes=judged.passes, errors=figures.to_json() if figures is not None else None)
 
 
-def _problem(outs: list[torch.Tensor | None], expected: list[torch.Tensor | None], where: str) -> str | None:
-    """`output_problem` on the device, or on the host when the comparison's temporaries do not fit there."""
+def _judged(outs: list[torch.Tensor | None], expected: list[torch.Tensor | None], where: str, policy: str,
+            corrections: list[torch.Tensor | None] | None, scales: list[Float64Scale | None] | None) -> OutputsJudged:
+    """`judge_outputs` on the device, or on the host when the comparison's temporaries do not fit there."""
     try:
-        return output_problem(outs, expected, where)
+        return judge_outputs(outs, expected, where, policy, corrections, scales)
     except torch.OutOfMemoryError:
         torch.cuda.empty_cache()
-        host = lambda ts: [t.cpu() if t is not None else None for t in ts]  # noqa: E731
-        return output_problem(host(outs), host(expected), where)
+        host = lambda ts: None if ts is None else [t.cpu() if t is not None else None for t in ts]  # noqa: E731
+        return judge_outputs(host(outs), host(expected), where, policy, host(corrections), scales)
+
+
+Float64Result = tuple[list[list[torch.Tensor | None]], list[list[torch.Tensor | None]], list[Float64Scale | None]]
+
+
+def _float64_reference(modules: list[Any], models: list[torch.nn.Module], cases: list[Case], timing_seeds: list[int],
+                       outputs: list[list[torch.Tensor | None]], timing_outputs: list[list[torch.Tensor | None]],
+                       device: str) -> Float64Result | str:
+    """The reference again in float64: the same inputs cast to float64, a float64 copy of the model, its
+    own floating tensors made in float64. Returns per check and per timing set ref64 - ref (float32), and
+    each output's scale; or, where float64 cannot be computed (no float64 kernel, out of memory), why not."""
+    if not any(t is not None and t.is_floating_point() for outs in outputs for t in outs):
+        return [[None] * len(o) for o in outputs], [[None] * len(o) for o in timing_outputs], [None] * len(outputs[0])
+    try:
+        doubles = [copy.deepcopy(m).double() for m in models]
+        corrections = [_corrections(doubles[c.code], modules[c.code], c.seed, outs, device) for c, outs in zip(cases, outputs)]
+        timing_corr = [_corrections(doubles[0], modules[0], s, outs, device) for s, outs in zip(timing_seeds, timing_outputs)]
+    except torch.OutOfMemoryError:
+        return "no float64 reference: out of device memory"
+    except Exception as exc:  # noqa: BLE001 - an operator without a float64 kernel, a dtype the task pins
+        return f"no float64 reference: {one_line(exc)}"[:300]
+    finally:
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    scales: list[Float64Scale | None] = []
+    for j in range(len(outputs[0])):
+        found = [_scale(outs[j], corr[j]) for outs, corr in zip(outputs, corrections)]
+        known = [f for f in found if f is not None]
+        scales.append(functools.reduce(Float64Scale.merged, known) if known else None)
+    return corrections, timing_corr, scales
+
+
+def _corrections(model64: torch.nn.Module, module: Any, seed: int, expected: list[torch.Tensor | None],
+                 device: str) -> list[torch.Tensor | None]:
+    inputs = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+              for x in _seeded_inputs(module, seed, device)]
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # tensors the forward makes itself (torch.ones(...)) in float64 too
+    try:
+        with torch.no_grad():
+            outs = _kept(model64(*inputs))
+    finally:
+        torch.set_default_dtype(default)
+    if len(outs) != len(expected):
+        raise ValueError("the float64 model returned another number of outputs")
+    kept: list[torch.Tensor | None] = []
+    for out, ref in zip(outs, expected):
+        if ref is None or out is None or not ref.is_floating_point() or out.shape != ref.shape:
+            if ref is not None and out is not None and out.shape != ref.shape:
+                raise ValueError("the float64 model's output has another shape")
+            kept.append(None)
+            continue
+        finite = torch.isfinite(ref) & torch.isfinite(out)
+        kept.append(torch.where(finite, out.double() - ref.double(), 0).float())
+    return kept
+
+
+def _scale(ref: torch.Tensor | None, correction: torch.Tensor | None) -> Float64Scale | None:
+    """The float32 reference's own error on one check: ||ref - ref64|| over ||ref64||, max over max."""
+    if ref is None or correction is None:
+        return None
+    finite = torch.isfinite(ref)
+    ref64 = torch.where(finite, ref.double() + correction.double(), 0)
+    norm, peak = float(torch.linalg.vector_norm(ref64)), float(ref64.abs().max()) if ref64.numel() else 0.0
+    d_norm, d_peak = float(torch.linalg.vector_norm(correction.double())), float(correction.abs().max()) if correction.numel() else 0.0
+    return Float64Scale(d_norm / norm if norm > 0 else 0.0, d_peak / peak if peak > 0 else 0.0)
 
 
 def _kept(out: Any) -> list[torch.Tensor | None]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from oracle.protocol import ErrorFigures
+
 # What the oracle can say about a candidate. `unsupported`: this oracle could not judge it (a CUDA kernel on a
 # CPU oracle, Triton not installed): the machine's limit, neither the model's success nor its failure.
 STATUSES = ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "no_code", "unsupported")
@@ -61,6 +63,12 @@ class Verdict:
     # Device seconds this verdict cost, by phase: reference (the task's reference outputs, when this candidate
     # was the first of its task), baselines (eager timed), checks, timing.
     device_s: dict[str, float] = field(default_factory=dict)
+    tolerance: str = "kernelbench"  # the tolerance policy the status follows (oracle.tolerance)
+    # The policies under which the candidate passed every comparison made (docs/oracle.md, "Tolerance
+    # policies"): with the status's policy among them only when `correct`; others where a policy failed but
+    # these went on passing (checked to the end, not timed). Empty for any other failure.
+    passes: list[str] = field(default_factory=list)
+    errors: ErrorFigures | None = None  # the worst errors against the reference, over the comparisons made
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -81,4 +89,7 @@ class Verdict:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Verdict":
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        if isinstance(fields.get("errors"), dict):
+            fields["errors"] = ErrorFigures.from_json(fields["errors"])
+        return cls(**fields)

@@ -20,7 +20,7 @@ import hashlib
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -396,7 +396,9 @@ def _step_key(step: Mapping[str, Any]) -> tuple[Any, Any] | None:
     return (step.get("step"), step["seed"]) if isinstance(step, Mapping) and int_or_none(step.get("seed")) is not None else None
 
 
-def budget_records(records: Sequence[SampleRecord], config: Mapping[str, Any] | None = None) -> BudgetRecords:
+def budget_records(records: Sequence[SampleRecord], config: Mapping[str, Any] | None = None,
+                   correct: Callable[[SampleRecord], bool] | None = None,
+                   timed: Callable[[SampleRecord], bool] | None = None) -> BudgetRecords:
     """The one adapter from a run folder's sample records (`search.store.SampleRecord`) and config.json to
     budget records.
 
@@ -405,7 +407,9 @@ def budget_records(records: Sequence[SampleRecord], config: Mapping[str, Any] | 
     are the checks plus the timing (the record's `oracle_device_s`). The chain is the record's `chain`, else
     (runs from before samples named it) its position in its round when rounds built on each other and its
     sample index otherwise. A helper step (`agent_steps`) found on several records of a task is shared and
-    paid once; one found on a single record is that sample's own cost.
+    paid once; one found on a single record is that sample's own cost. `correct` and `timed`: which samples
+    count as correct, and as correct with a speed (default: the recorded status; `RunStats.correct` and
+    `RunStats.timed` under another tolerance policy).
     """
     config = config or {}
     levels = {t["id"]: t.get("level") for t in config.get("tasks") or [] if isinstance(t, dict) and "id" in t}
@@ -442,8 +446,9 @@ def budget_records(records: Sequence[SampleRecord], config: Mapping[str, Any] | 
         if r.status in ON_DEVICE and r.duplicate_of is None and r.verify_s is None and r.verdict.time_s is None:
             out.unclocked += 1
         out.samples.append(BudgetSample(
-            task=task, level=level_of(task, levels.get(task)), chain=chain, round=r.round, correct=r.correct,
-            speedup_vs_eager=(r.speedup_vs_eager or 0.0) if r.correct else 0.0,
+            task=task, level=level_of(task, levels.get(task)), chain=chain, round=r.round,
+            correct=correct(r) if correct else r.correct,
+            speedup_vs_eager=(r.speedup_vs_eager or 0.0) if (timed(r) if timed else r.correct) else 0.0,
             tokens=r.tokens_out + sum(int_or_none(s.get("tokens")) or 0 for s in own),
             generation_s=generation, oracle_device_s=r.oracle_device_s))
     return out

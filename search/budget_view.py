@@ -71,7 +71,7 @@ def build(labels: Sequence[str], runs: Sequence[RunStats], unit: str,
     notes: list[str] = []
     usable: list[tuple[str, list[TaskChains], int]] = []
     for label, rs in zip(labels, runs):
-        records = budget_records(rs.records, rs.config)
+        records = budget_records(rs.records, rs.config, correct=rs.correct, timed=rs.timed)
         tasks, missing = chains_by_task(records, unit)
         judged = sum(ch.rounds for t in tasks for ch in t.chains)
         if unit == "gpu-seconds" and judged and missing == judged:

@@ -163,6 +163,7 @@ def eval_command(
     device: opt.Device = "auto",
     backend: Annotated[str, typer.Option("--backend", help="auto, cuda, cpp, triton or torch.")] = "auto",
     allow_torch: Annotated[bool, typer.Option("--allow-torch", help="Accept plain-PyTorch rewrites (otherwise rejected: the candidate must run a kernel of its own).")] = False,
+    tolerance: opt.Tolerance = "kernelbench",
     as_json: opt.Json = False,
 ) -> None:
     """Build, verify and time one candidate kernel for one task, and print the verdict."""
@@ -171,6 +172,7 @@ def eval_command(
 
     if backend != "auto" and backend not in BACKENDS:
         fail(f"--backend must be auto or one of {', '.join(BACKENDS)}, not '{backend}'")
+    check_tolerance(tolerance)
     try:
         text = candidate_file.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
@@ -181,7 +183,7 @@ def eval_command(
     task = next((t for t in result.tasks if t.id == task_id), None)
     if task is None:
         fail(f"task {task_id} is not in {source} (see `kernelsearch tasks --source {source}`)")
-    oracle = Oracle(OracleConfig(device=dev, allow_torch=allow_torch))
+    oracle = Oracle(OracleConfig(device=dev, allow_torch=allow_torch, tolerance=tolerance))
     with err_console.status(escape(f"evaluating {candidate_file.name} on {task_id} ({dev})..."), spinner="dots"):
         verdict = oracle.evaluate(task, text, backend)
     if as_json:
@@ -205,9 +207,25 @@ def print_verdict(v) -> None:
     for name, value, unit, note in rows:
         if value is not None:
             table.add_row(name, f"{value:.4g} {unit}{note}")
+    if v.errors is not None:
+        e = v.errors
+        table.add_row("max error", f"{e.max_abs:.3g} abs, {e.max_rel:.3g} rel")
+        if e.rel_l2_64 is not None:
+            table.add_row("vs float64", f"{e.rel_l2_64:.3g} rel L2 (the float32 reference's own: {e.ref32_rel_l2_64:.3g})")
+        elif e.float64:
+            table.add_row("vs float64", e.float64)
+    table.add_row("tolerance", f"{v.tolerance}; passes: {', '.join(v.passes) or 'none'}")
     if v.flags:
         table.add_row("flags", ", ".join(v.flags))
     console.print(table)
+
+
+def check_tolerance(name: str) -> str:
+    from oracle.tolerance import POLICIES
+
+    if name not in POLICIES:
+        fail(f"--tolerance must be one of {', '.join(POLICIES)}, not '{name}'")
+    return name
 
 
 @app.command("run")
@@ -229,6 +247,7 @@ def run_command(
     address: Annotated[Optional[str], typer.Option("--address", help="Join this Ray cluster instead of starting one.")] = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="Finish an interrupted run in this folder.")] = None,
     allow_torch: Annotated[bool, typer.Option("--allow-torch", help="Accept plain-PyTorch rewrites.")] = False,
+    tolerance: opt.Tolerance = "kernelbench",
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=16, help="Tokens per completion.")] = 4096,
     source: opt.Source = "builtin",
     level: opt.Level = None,
@@ -270,6 +289,7 @@ def run_command(
             fail(f"--ambition must be conservative or full, not '{ambition}'")
         if kernel_backend not in ("cuda", "cpp", "triton"):
             fail(f"--kernel-backend must be cuda, cpp or triton, not '{kernel_backend}'")
+        check_tolerance(tolerance)
         named = check_generator(generator)
         dev = resolve_device(device)
         if named is not None and level is None and ids is None and tasks is None:
@@ -283,7 +303,8 @@ def run_command(
         plan = SearchPlan(n=n, rounds=rounds, target_speedup=target_speedup, early_stop=not no_early_stop,
                           seed=seed, max_tokens=max_tokens)
         settings = RunSettings(generator=generator, strategy=strategy, plan=plan, device=dev, gpus=gpus, address=address,
-                               max_input_mb=max_input_mb, source=source, allow_torch=allow_torch, strategy_backend=kernel_backend,
+                               max_input_mb=max_input_mb, source=source, allow_torch=allow_torch, tolerance=tolerance,
+                               strategy_backend=kernel_backend,
                                strategy_options={"ambition": ambition} if strategy == "agents" else {},
                                generator_replicas=generator_replicas, tensor_parallel_size=tensor_parallel_size,
                                share_generator=share_generator)
@@ -341,13 +362,16 @@ def report_command(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw pass@k and fast_1.0@k against k to this PNG (with --by: the budget view).")] = None,
     by: Annotated[Optional[str], typer.Option("--by", help="Also compare runs at equal budget per task: samples, tokens or gpu-seconds.")] = None,
     compare: Annotated[bool, typer.Option("--compare", help="For each pair of runs, the budget at which one overtakes the other (default --by samples).")] = False,
+    tolerance: Annotated[Optional[str], typer.Option("--tolerance", help="Count correct under this tolerance policy instead of the run's own (from the verdicts' recorded figures; nothing is re-run).")] = None,
 ) -> None:
     """Correctness as n grows (pass@k, fast_p@k, expected best speedup) and per-task results, from disk.
     With --json, stdout is the JSON object alone."""
     from search.report import ReportError, report
 
     try:
-        report(run_dirs, console, as_json, csv, plot, by=by, compare=compare, notes=err_console)
+        if tolerance is not None:
+            check_tolerance(tolerance)
+        report(run_dirs, console, as_json, csv, plot, by=by, compare=compare, notes=err_console, tolerance=tolerance)
     except ReportError as exc:
         fail(str(exc))
 

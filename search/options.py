@@ -19,3 +19,8 @@ MaxInputMb = Annotated[
 ]
 Device = Annotated[str, typer.Option("--device", help="cpu or cuda (default: cuda when a GPU is visible).")]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+Tolerance = Annotated[
+    str,
+    typer.Option("--tolerance", help="Tolerance policy: kernelbench (fp32 1e-4, fp16/bf16 1e-2), kernelbench-v0.1 "
+                 "(1e-2 for every dtype) or numeric (against a float64 reference; see docs/oracle.md)."),
+]

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from oracle.tolerance import DEFAULT_POLICY
 from oracle.verdict import SAMPLE_STATUSES, SHORT_NAMES
 from search.budget import UNITS as BUDGET_UNITS
 from search.budget_view import budget_report
@@ -88,10 +89,14 @@ def load_run(path: Path) -> tuple[dict[str, Any], list[SampleRecord], dict[str, 
     return config, records, best
 
 
-def run_stats(path: Path) -> RunStats:
+def run_stats(path: Path, tolerance: str | None = None) -> RunStats:
+    """The run's statistics; `tolerance`: count correct under this policy instead of the run's own."""
     config, records, best = load_run(path)
+    if tolerance not in (None, config.get("tolerance") or DEFAULT_POLICY) and "tolerance" not in config:
+        raise ReportError(f"{path}: recorded before verdicts listed the tolerance policies they pass; it can only "
+                          f"be counted under its own ({DEFAULT_POLICY})")
     try:
-        return RunStats(records, config, best)
+        return RunStats(records, config, best, tolerance=tolerance)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise ReportError(f"{path}: malformed run ({exc.__class__.__name__}: {exc})") from None
 
@@ -217,6 +222,12 @@ def _notes(label: str, rs: RunStats) -> list[str]:
                      "installed) and are left out of pass@k: neither the model's success nor its failure")
     if not rs.compile_available:
         notes.append(f"{label}: no torch.compile baseline, so no speedups vs compile")
+    if rs.tolerance != rs.run_tolerance:
+        untimed = sum(1 for r in rs.records if rs.correct(r) and not rs.timed(r))
+        notes.append(f"{label}: correct counted under the {rs.tolerance} tolerance policy (the run judged under "
+                     f"{rs.run_tolerance}), from the verdicts' recorded figures"
+                     + (f"; {untimed} sample(s) correct only under {rs.tolerance} were never timed and count as "
+                        "not fast" if untimed else ""))
     return notes
 
 
@@ -291,18 +302,19 @@ def _write_csv(path: Path, labels: list[str], runs: list[RunStats]) -> None:
 
 def report(run_dirs: list[Path], console: Console, as_json: bool, csv_path: Path | None,
            plot_path: Path | None, by: str | None = None, compare: bool = False,
-           notes: Console | None = None) -> dict[str, Any]:
+           notes: Console | None = None, tolerance: str | None = None) -> dict[str, Any]:
     """Render the runs as tables on `console` (or, with `as_json`, print the JSON object alone there, on one
     line), write the CSV and the plot if asked, and return the JSON object. With `by` (a budget unit;
     `compare` implies samples) the budget view follows (`search.budget_view`), and the plot is its figure.
-    `notes`: where the lines about written files go (default: `console`, unless it carries the JSON)."""
+    `notes`: where the lines about written files go (default: `console`, unless it carries the JSON).
+    `tolerance`: count samples correct under this policy (from their verdicts' `passes`), not the run's own."""
     if not run_dirs:
         raise ReportError("no run folder given")
     by = "samples" if compare and by is None else by
     if by is not None and by not in BUDGET_UNITS:
         raise ReportError(f"--by must be one of {', '.join(BUDGET_UNITS)}, not '{by}'")
     run_dirs = [Path(p) for p in run_dirs]
-    runs = [run_stats(p) for p in run_dirs]
+    runs = [run_stats(p, tolerance) for p in run_dirs]
     labels = _labels(run_dirs)
     result = {"runs": [{"label": label, "path": str(path), **rs.to_json()}
                        for label, path, rs in zip(labels, run_dirs, runs)]}

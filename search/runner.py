@@ -40,6 +40,7 @@ class RunSettings:
     max_input_mb: float | None = None
     source: str = "builtin"
     allow_torch: bool = False
+    tolerance: str = "kernelbench"  # the tolerance policy of the run's verdicts (oracle.tolerance)
     strategy_backend: str = "cuda"
     strategy_options: dict[str, Any] = field(default_factory=dict)  # e.g. agents: {"ambition": "full"}
     compile_baseline: bool | None = None  # None: the oracle's default (on a GPU only)
@@ -159,7 +160,7 @@ async def build_engine(settings: RunSettings) -> Engine:
         gate = TimingGate.options(num_cpus=0).remote(
             [(a, [p.gate_key]) for a, p in zip(actors, placement.generators) if p.gate_key])
     pool = OraclePool(PoolSpec(device=settings.device, oracles=len(placement.oracles)),
-                      OracleConfig(device=settings.device, allow_torch=settings.allow_torch,
+                      OracleConfig(device=settings.device, allow_torch=settings.allow_torch, tolerance=settings.tolerance,
                                    compile_baseline=settings.compile_baseline),
                       placements=placement.oracles, groups=groups, gate=gate,
                       node_labels={n.node_id: n.label for n in nodes})

@@ -62,6 +62,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from oracle.tolerance import DEFAULT_POLICY
 from oracle.verdict import CANCELLED, UNSUPPORTED
 from search.store import SampleRecord
 
@@ -345,8 +346,15 @@ class RunStats:
 
     def __init__(self, records: Sequence[SampleRecord], config: dict[str, Any] | None = None,
                  best: dict[str, dict[str, Any]] | None = None, ps: Sequence[float] = FAST_PS,
-                 reps: int = 2000, seed: int = 0, alpha: float = 0.05) -> None:
+                 reps: int = 2000, seed: int = 0, alpha: float = 0.05, tolerance: str | None = None) -> None:
         self.config = config or {}
+        # The tolerance policy samples count as correct under: the run's own, or another one asked for
+        # (`report --tolerance`), answered from what each verdict recorded (its `passes`), re-running nothing.
+        self.run_tolerance = str(self.config.get("tolerance") or DEFAULT_POLICY)
+        self.tolerance = tolerance or self.run_tolerance
+        if self.tolerance != self.run_tolerance and "tolerance" not in self.config:
+            raise ValueError(f"the run was recorded before verdicts listed the tolerance policies they pass: it can "
+                             f"only be counted under its own policy ({self.run_tolerance})")
         self._json: dict[str, Any] | None = None
         self.records = list(records)
         self.ps = tuple(ps)
@@ -369,10 +377,10 @@ class RunStats:
             if tid not in by_strategy[strategy]:
                 by_strategy[strategy][tid] = TaskStats(tid, self.tasks[tid].level)
             for t in (self.tasks[tid], by_strategy[strategy][tid]):
-                self._add(t, r)
+                self._add(t, r, self.correct(r), self.timed(r))
         for tid, t in self.tasks.items():
             verdict = (best or {}).get(tid)
-            if isinstance(verdict, dict) and verdict.get("status") == "correct" and number_or_none(verdict.get("speedup_vs_eager")):
+            if isinstance(verdict, dict) and self._passes(verdict) and number_or_none(verdict.get("speedup_vs_eager")):
                 t.best_speedup_vs_eager = number_or_none(verdict.get("speedup_vs_eager"))
                 t.best_speedup_vs_compile = number_or_none(verdict.get("speedup_vs_compile"))
                 t.best_retimed = True
@@ -395,8 +403,26 @@ class RunStats:
             self.ci[str(k)] = list(bootstrap_ci(values, reps=reps, seed=seed, alpha=alpha))
         self.cost = self._cost()
 
+    def correct(self, r: SampleRecord) -> bool:
+        """Whether the sample counts as correct under this report's tolerance policy."""
+        if self.tolerance == self.run_tolerance:
+            return r.correct
+        return r.verdict is not None and self.tolerance in r.verdict.passes
+
+    def timed(self, r: SampleRecord) -> bool:
+        """Correct under this report's policy and timed: one a policy other than the run's own passes but the
+        run's failed was checked to the end, never timed, so its speedup is unknown (counted as 0)."""
+        return self.correct(r) and r.correct
+
+    def _passes(self, verdict: dict[str, Any]) -> bool:
+        if verdict.get("status") != "correct":
+            return False
+        return self.tolerance == self.run_tolerance or self.tolerance in (verdict.get("passes") or [])
+
     @staticmethod
-    def _add(t: TaskStats, r: SampleRecord) -> None:
+    def _add(t: TaskStats, r: SampleRecord, correct: bool | None = None, timed: bool | None = None) -> None:
+        """Count one record into a task's figures; `correct` and `timed` as `RunStats.correct` and
+        `RunStats.timed` say (default: the recorded status, as the live view counts)."""
         status = r.status
         t.status_counts[status] = t.status_counts.get(status, 0) + 1
         t.tokens += r.tokens_out
@@ -408,9 +434,10 @@ class RunStats:
         t.samples += 1
         if r.duplicate_of is not None:
             t.duplicates += 1
-        ok = r.correct
-        t.speedups_vs_eager.append((r.speedup_vs_eager or 0.0) if ok else 0.0)
-        t.speedups_vs_compile.append((r.speedup_vs_compile or 0.0) if ok else 0.0)
+        ok = r.correct if correct is None else correct
+        timed = ok if timed is None else timed
+        t.speedups_vs_eager.append((r.speedup_vs_eager or 0.0) if timed else 0.0)
+        t.speedups_vs_compile.append((r.speedup_vs_compile or 0.0) if timed else 0.0)
         if ok:
             t.correct += 1
             if t.first_correct_index is None or r.sample_index < t.first_correct_index:
@@ -430,8 +457,8 @@ class RunStats:
         if times:
             start = started if started is not None and started <= min(times) else min(times)
             wall_s = max(times) - start
-        correct = sum(1 for r in self.records if r.correct)
-        unique = len({r.hash or id(r) for r in self.records if r.correct and r.duplicate_of is None})
+        correct = sum(1 for r in self.records if self.correct(r))
+        unique = len({r.hash or id(r) for r in self.records if self.correct(r) and r.duplicate_of is None})
         return {
             "tokens": tokens, "prompt_tokens": prompt_tokens, "device_s": device_s, "build_cpu_s": build_s,
             "verify_s": verify_s, "generation_s": generation_s, "wall_s": wall_s, "correct": correct,
@@ -469,6 +496,7 @@ class RunStats:
 
         return {
             "strategy": self.strategy, "generator": self.config.get("generator"), "device": self.config.get("device"),
+            "tolerance": self.tolerance, "run_tolerance": self.run_tolerance,
             "plan": self.plan, "n": self.n, "n_planned": n_planned,
             "tasks_total": s["tasks"], "tasks_with_samples": s["tasks_with_samples"], "tasks_unsampled": self.unsampled,
             "samples": s["samples"],

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -37,6 +39,9 @@ def test_bad_flags_give_one_line_errors():
         (("eval", "builtin/none", "README.md", "--device", "cpu"), "not in builtin"),
         (("run", "--generator", "nonsense", "--out", "/tmp/x-never"), "not one of"),
         (("report", "/no/such/run"), "no such run folder"),
+        (("eval", "builtin/1_LeakyReLU_Scale", "README.md", "--tolerance", "loose", "--device", "cpu"), "--tolerance"),
+        (("run", "--generator", "nonsense", "--out", "/tmp/x-never", "--tolerance", "loose"), "--tolerance"),
+        (("report", "/no/such/run", "--tolerance", "loose"), "--tolerance"),
     ]:
         out = kernelsearch(*args)
         assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
@@ -80,3 +85,13 @@ def test_ids_and_help_are_whole_when_the_output_is_not_a_terminal():
     assert all(task_id in out.stdout for task_id in ids)
     help_text = " ".join(kernelsearch("run", "--help").stdout.split())
     assert "openai:URL[#model]" in help_text and "…" not in help_text
+
+
+@pytest.mark.slow
+def test_eval_judges_under_the_asked_tolerance_policy():
+    out = kernelsearch("eval", "builtin/1_LeakyReLU_Scale", "tests/candidates/leaky_torch.py", "--allow-torch",
+                       "--tolerance", "numeric", "--max-input-mb", "4", "--device", "cpu", "--json")
+    verdict = json.loads(out.stdout)
+    assert verdict["status"] == "correct" and verdict["tolerance"] == "numeric", out.stderr
+    assert verdict["passes"] == ["kernelbench", "kernelbench-v0.1", "numeric"]
+    assert verdict["errors"]["ref32_rel_l2_64"] is not None and verdict["errors"]["over_bound"]["numeric"] <= 1

@@ -112,9 +112,10 @@ def test_run_settings_to_and_from_config_json():
     settings = RunSettings(generator="replay:x.jsonl", strategy="agents", device="cpu", gpus=None,
                            plan=SearchPlan(n=3, rounds=2, target_speedup=1.5, early_stop=False, seed=4),
                            max_input_mb=64.0, strategy_backend="cpp", strategy_options={"ambition": "full"},
-                           generator_replicas=2, share_generator=True, address="10.0.0.1:6379")
+                           generator_replicas=2, share_generator=True, address="10.0.0.1:6379", tolerance="numeric")
     data = json.loads(json.dumps(settings.to_json()))
     assert "address" not in data and data["strategy_options"] == {"backend": "cpp", "ambition": "full"}
+    assert data["tolerance"] == "numeric"
     back = RunSettings.from_json(data, address="10.0.0.1:6379")
     assert back == settings
     # a config.json of a run made before to_json existed (it holds tasks, versions, hardware beside them)
@@ -122,6 +123,7 @@ def test_run_settings_to_and_from_config_json():
     assert (old.generator, old.strategy, old.device, old.plan.n, old.plan.early_stop) == (
         "replay:/tmp/fx/replay.jsonl", "zero-shot", "cpu", 4, False)
     assert old.strategy_backend == "cuda" and old.strategy_options == {} and old.address is None
+    assert old.tolerance == "kernelbench"  # runs before tolerance policies judged by today's default
 
 
 def test_the_stop_rule():

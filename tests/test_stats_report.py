@@ -448,3 +448,32 @@ def test_ids_and_headers_are_not_cut_when_the_output_is_not_a_terminal(tmp_path)
     assert res.returncode == 0, res.stderr
     assert long_id in res.stdout and "first correct" in res.stdout and "pass@n [95% CI]" in res.stdout
     assert "…" not in res.stdout
+
+
+def test_report_recounts_under_another_tolerance_policy(tmp_path):
+    """`report --tolerance`: correct is what each verdict's `passes` says; one correct only under the asked
+    policy was never timed, so it is correct but not fast. A run recorded before policies refuses."""
+    records = [sample("level1/1_A", "s", 0, "correct", 3, 2.0), sample("level1/1_A", "s", 1, "incorrect", 3),
+               sample("level1/1_A", "s", 2, "incorrect", 3)]
+    records[0].verdict.passes = ["kernelbench", "kernelbench-v0.1", "numeric"]
+    records[1].verdict.passes = ["kernelbench-v0.1"]  # wrong under kernelbench, right under v0.1: not timed
+    root = write_run(tmp_path / "run", "s", 3, records)
+    config = json.loads((root / "config.json").read_text())
+    (root / "config.json").write_text(json.dumps({**config, "tolerance": "kernelbench"}))
+
+    def report(*args: str) -> dict:
+        res = kernelsearch("report", str(root), "--json", *args)
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)["runs"][0]
+
+    own, loose, strict = report(), report("--tolerance", "kernelbench-v0.1"), report("--tolerance", "numeric")
+    assert (own["correct"], loose["correct"], strict["correct"]) == (1, 2, 1)
+    assert loose["tolerance"] == "kernelbench-v0.1" and loose["run_tolerance"] == "kernelbench"
+    assert loose["pass_at_k"]["2"] == pytest.approx(1.0) and own["pass_at_k"]["2"] == pytest.approx(2 / 3)
+    assert loose["fast_p_at_k"]["1.0"] == own["fast_p_at_k"]["1.0"]  # the untimed one is not fast
+    assert any("never timed" in note for note in loose["notes"])
+    budget = kernelsearch("report", str(root), "--json", "--by", "samples", "--tolerance", "kernelbench-v0.1")
+    assert budget.returncode == 0, budget.stderr
+    refused = kernelsearch("report", str(FIXTURE_V1), "--tolerance", "numeric")
+    assert refused.returncode != 0 and "recorded before" in refused.stderr and "Traceback" not in refused.stderr
+    assert kernelsearch("report", str(FIXTURE_V1), "--tolerance", "kernelbench").returncode == 0

@@ -355,7 +355,7 @@ def test_waiting_for_the_compile_baseline_holds_no_oracle_slot(tmp_path):
     code = lambda request, i: f"```python\nimport torch\n# sample {i}\nclass ModelNew(torch.nn.Module): pass\n```"  # noqa: E731
     pool = SlowCompilePool()
     rows = run_controller(tmp_path, make_strategy("zero-shot", "cuda"), StubGenerator(code), pool,
-                          SearchPlan(n=2, rounds=1, seed=3, max_tokens=64), load(GEMM))
+                          SearchPlan(n=2, rounds=1, seed=3, max_tokens=64, early_stop=False), load(GEMM))
     assert len(set(pool.evaluated)) == 2 and max(pool.waited_s) < 4
     assert sorted(r.status for r in rows) == ["correct", "correct"]
     assert all(r.verdict.compile_ms == 2.0 for r in rows)
