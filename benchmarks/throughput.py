@@ -176,6 +176,8 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
     """Figures of a run folder (one that was cut short too: `ended` None takes its last verdict's time)."""
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines() if line.strip()] \
         if (out / "samples.jsonl").exists() else []
+    # a record holds its verdict (`verdict`), and a duplicate names the sample it repeats
+    records = [{**(r.get("verdict") or {}), **{k: v for k, v in r.items() if k != "verdict"}} for r in records]
     judged = [r for r in records if r.get("duplicate_of") is None and r.get("hash")]
     wall = (ended or max((r.get("recorded_at") or started for r in judged), default=started)) - started
     device_s = [sum((r.get("device_s") or {}).values()) for r in judged]

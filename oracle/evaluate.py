@@ -74,6 +74,10 @@ class OracleConfig:
     # background never keep a candidate's checks waiting for memory
     compile_memory: float = 0.2
     tolerance: str = DEFAULT_POLICY  # the tolerance policy verdicts follow (oracle.tolerance)
+    # Outputs larger than this get no float64 reference (`numeric` then judges as `kernelbench`, and says so):
+    # ref64 - ref kept for every check and timing set doubles what the reference process holds, and making
+    # it takes float64 copies of inputs and outputs (about 50 GB more for a 3 GB elementwise task).
+    float64_max_mb: float = 256.0
 
     def __post_init__(self) -> None:
         check_policy(self.tolerance)
@@ -151,6 +155,7 @@ class Oracle:
             extra_size_seed=c.extra_size_seed, timing_seeds=c.timing_seeds, init_seed=c.init_seed, timing=c.timing,
             wants_compile=c.wants_compile, call_timeout_s=c.call_timeout_s, time_timeout_s=c.time_timeout_s,
             compile_timeout_s=c.compile_timeout_s, budget_bytes=int(c.reference_memory * _device_memory(c.device)),
+            float64_max_bytes=int(c.float64_max_mb * 1024**2),
             compile_workers=c.compile_workers or max(1, min(4, (os.cpu_count() or 1) // 4)))
         self.references = References(settings, builds_root.parent / "baselines", alone=self.quiet.alone,
                                      shared=lambda: self.quiet.lock.shared(), register=self.quiet.running,
@@ -211,16 +216,17 @@ class Oracle:
             return self._verdict(task, build.status, build.message, **base)
         quiet = quiet or contextlib.nullcontext
         spent: dict[str, float] = {}
-        try:
-            reference = (self.references.retime_eager if fresh_baseline else self.references.get)(task, quiet, spent)
-        except ReferenceError as exc:
-            return self._verdict(task, "runtime_error", f"the reference failed, not the candidate: {exc}", **base)
-        base["device_s"] = spent
-        run = _CandidateRun(self, task, candidate, reference, base)
-        try:
-            verdict = run.judged(quiet)
-        finally:
-            run.close()
+        with self.references.pinned(task):  # its reference stays in the reference process until the verdict
+            try:
+                reference = (self.references.retime_eager if fresh_baseline else self.references.get)(task, quiet, spent)
+            except ReferenceError as exc:
+                return self._verdict(task, "runtime_error", f"the reference failed, not the candidate: {exc}", **base)
+            base["device_s"] = spent
+            run = _CandidateRun(self, task, candidate, reference, base)
+            try:
+                verdict = run.judged(quiet)
+            finally:
+                run.close()
         for phase, seconds in (verdict.device_s or {}).items():
             self.device_s[phase] = self.device_s.get(phase, 0.0) + seconds
         return verdict

@@ -156,6 +156,7 @@ class PrepareTask(Record):
     timing_seeds: list[int]
     init_seed: int
     call_timeout_s: float
+    float64_max_bytes: int = 256 * 1024**2  # larger outputs get no float64 reference (the memory it keeps)
 
 
 @dataclass

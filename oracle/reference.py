@@ -19,7 +19,7 @@ import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
@@ -80,7 +80,46 @@ class ReferenceSettings:
     time_timeout_s: float
     compile_timeout_s: float
     budget_bytes: int
+    float64_max_bytes: int = 256 * 1024**2  # see OracleConfig.float64_max_mb
     compile_workers: int = 1  # torch.compile workers at once (each is CPU work; each also holds device memory)
+
+
+class ResidentBudget:
+    """Device memory of the tasks held in the reference process for candidates being judged now. The
+    process drops idle tasks (least recently used) to stay within its budget but never one in use, so
+    candidates of many large tasks at once would hold them all: a candidate's task is pinned here first,
+    and a task that does not fit beside the pinned ones waits (one alone always fits). Candidates of a
+    task already pinned join it at no cost."""
+
+    def __init__(self, total_bytes: int) -> None:
+        self.total = total_bytes
+        self.used = 0
+        self._pins: dict[str, list[int]] = {}  # key -> [holders, bytes]
+        self._cond = threading.Condition()
+
+    @contextlib.contextmanager
+    def pinned(self, key: str, nbytes: int) -> Iterator[None]:
+        nbytes = min(max(0, nbytes), self.total)
+        with self._cond:
+            while True:
+                if key in self._pins:
+                    self._pins[key][0] += 1
+                    break
+                if not self.used or self.used + nbytes <= self.total:
+                    self._pins[key] = [1, nbytes]
+                    self.used += nbytes
+                    break
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                pin = self._pins[key]
+                pin[0] -= 1
+                if pin[0] == 0:
+                    self.used -= pin[1]
+                    del self._pins[key]
+                    self._cond.notify_all()
 
 
 class ReferenceProcess:
@@ -144,6 +183,7 @@ class References:
         self._register = register  # a trusted worker that must be stopped while another times
         self._reserve = reserve  # device memory promised to a worker
         self._known: dict[str, Reference] = {}
+        self._resident = ResidentBudget(settings.budget_bytes)
         self._compiles = threading.Semaphore(max(1, settings.compile_workers))
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -152,6 +192,19 @@ class References:
         s = self.settings
         text = f"{task.code}\0{s.device}\0{s.check_seeds}\0{s.extra_size_seed}\0{s.timing_seeds}\0{REFERENCE_VERSION}"
         return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    def pinned(self, task: Task) -> ContextManager:
+        """Hold the task in the reference process while a candidate of it is judged (see ResidentBudget);
+        enter before `get`. Its size is what its last preparation reported, else a guess from its inputs."""
+        key = self.key(task)
+        known = self._known.get(key)
+        sets = len(_cases(self.settings, len(known.codes) if known else 2)) + len(self.timing_seeds(task))
+        if known is not None:
+            p = known.prepared
+            nbytes = sets * p.output_bytes * (1 if p.float64 else 2)  # ref64 - ref kept beside each output
+        else:
+            nbytes = int(sets * task.input_mb * 1024**2)  # outputs about the size of the inputs
+        return self._resident.pinned(key, nbytes)
 
     def timing_seeds(self, task: Task) -> list[int]:
         """The rotating timing input sets. Rotation keeps a small task's inputs out of the L2 cache between
@@ -177,7 +230,8 @@ class References:
             cases = known.cases if known else _cases(self.settings, len(codes))
             request = PrepareTask(key=key, task_id=task.id, codes=codes, cases=[c.to_json() for c in cases],
                                   timing_seeds=self.timing_seeds(task), init_seed=self.settings.init_seed,
-                                  call_timeout_s=self.settings.call_timeout_s * 5)
+                                  call_timeout_s=self.settings.call_timeout_s * 5,
+                                  float64_max_bytes=self.settings.float64_max_bytes)
             with self._shared():
                 prepared = Prepared.from_json(self.process.request("prepare", request.to_json()))
             if prepared.reference_s:  # measured by the reference process: no waiting counted
@@ -231,7 +285,8 @@ class References:
     def _prepare_request(self, task: Task, reference: Reference) -> PrepareTask:
         return PrepareTask(key=reference.key, task_id=task.id, codes=reference.codes,
                            cases=[c.to_json() for c in reference.cases], timing_seeds=reference.timing_seeds,
-                           init_seed=self.settings.init_seed, call_timeout_s=self.settings.call_timeout_s * 5)
+                           init_seed=self.settings.init_seed, call_timeout_s=self.settings.call_timeout_s * 5,
+                                  float64_max_bytes=self.settings.float64_max_bytes)
 
     def _eager(self, task: Task, request: PrepareTask, quiet: Callable[[], ContextManager],
                fresh: bool = False) -> tuple[dict | None, float]:

@@ -111,10 +111,15 @@ class ReferenceState:
         if device == "cuda":
             torch.cuda.empty_cache()  # the temporaries of the reference calls go back to the device
         constant = all(t is None or t.numel() < 2 or bool((t == t.flatten()[0]).all()) for outs in outputs for t in outs)
-        send(conn, phase="float64 reference", deadline_s=request.call_timeout_s * (len(cases) + len(request.timing_seeds)))
-        float64 = _float64_reference(modules, models, cases, request.timing_seeds, outputs, timing_outputs, device)
+        output_bytes = sum(t.numel() * t.element_size() for t in outputs[0] if t is not None)
+        if output_bytes > request.float64_max_bytes:
+            float64: Float64Result | str = (f"no float64 reference: outputs of {output_bytes / 1024**2:.3g} MB, over "
+                                            f"{request.float64_max_bytes / 1024**2:.3g} MB (it would double the memory kept)")
+        else:
+            send(conn, phase="float64 reference", deadline_s=request.call_timeout_s * (len(cases) + len(request.timing_seeds)))
+            float64 = _float64_reference(modules, models, cases, request.timing_seeds, outputs, timing_outputs, device)
         prepared = Prepared(ops=ops, kernels=kernels, floor=measured_floor, constant=constant,
-                            output_bytes=sum(t.numel() * t.element_size() for t in outputs[0] if t is not None),
+                            output_bytes=output_bytes,
                             input_bytes=input_bytes,
                             reference_s=time.perf_counter() - started,
                             float64=float64 if isinstance(float64, str) else None)
@@ -179,7 +184,6 @@ class ReferenceState:
             outs = [None if d is None else import_tensor(SharedTensor.from_json(d), share_dir) for d in request.tensors]
         except ShareError as exc:
             return Compared(False, str(exc), seconds=time.perf_counter() - started)
-        problem = None
         if request.kind == "check":
             if not 0 <= request.index < len(ref.outputs):
                 raise ValueError("no such check")

@@ -213,6 +213,10 @@ def verdicts(tmp_path_factory):
             pinned = _task(PINNED_TASK, "matmul_pinned")
             found[policy, "pinned_bf16"] = oracle.evaluate(pinned, _candidate(ROUNDED), "torch")
             found[policy, "pinned_honest"] = oracle.evaluate(pinned, _candidate(HONEST), "torch")
+            small = Oracle(OracleConfig(device="cpu", cache_dir=cache, allow_torch=True, timing=fast, tolerance=policy,
+                                        float64_max_mb=0.001))  # the 2 KB output is "large" here
+            found[policy, "large_bf16"] = small.evaluate(task, _candidate(ROUNDED), "torch")
+            small.close()
         oracle.close()
     return found
 
@@ -251,6 +255,15 @@ def test_without_float64_numeric_falls_back_to_kernelbench_and_says_so(verdicts)
     for v in (honest, rounded):
         assert FALLBACK_FLAG in v.flags and "float64" in v.errors.float64 and v.errors.rel_l2_64 is None
     assert honest.passes == list(POLICIES) and rounded.passes == ["kernelbench-v0.1"]
+
+
+@pytest.mark.slow
+def test_outputs_over_the_float64_limit_get_no_float64_reference(verdicts):
+    from oracle.tolerance import FALLBACK_FLAG
+
+    v = verdicts["numeric", "large_bf16"]
+    assert v.status == "incorrect" and FALLBACK_FLAG in v.flags and v.passes == ["kernelbench-v0.1"]
+    assert "no float64 reference: outputs of 0.00195 MB, over" in v.errors.float64 and v.errors.rel_l2_64 is None
 
 
 def _records(vs):

@@ -1,4 +1,4 @@
-# expected: kernelbench=correct kernelbench-v0.1=correct numeric=correct - TF32 tensor cores (wmma 16x16x8), float32 accumulation; on these [0, 1) inputs the rounding averages out below float32's own error
+# expected: kernelbench=correct kernelbench-v0.1=correct numeric=incorrect - TF32 tensor cores (wmma 16x16x8), float32 accumulation: inputs rounded to 10 mantissa bits, within 1e-4 here but far over 32x the float32 reference's own error against float64 (H200: relative L2 3.5e-5)
 # task: level1/1_Square_matrix_multiplication_
 import torch
 import torch.nn as nn
