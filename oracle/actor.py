@@ -16,7 +16,7 @@ from typing import Any
 import ray
 
 from oracle.candidate import Candidate
-from oracle.evaluate import Oracle, OracleConfig
+from oracle.evaluate import Oracle, OracleConfig, not_measured
 from oracle.verdict import Verdict
 from tasks.model import Task
 
@@ -103,11 +103,11 @@ class OracleActor:
         pending = self.oracle.compile_baseline_pending(task, verdict)
         if pending is None:
             return verdict
-        timeout = self.oracle.config.compile_timeout_s * 2
+        timeout = self.oracle.compile_wait_s
         try:
             found = await asyncio.wait_for(asyncio.wrap_future(pending), timeout)
         except asyncio.TimeoutError:
-            found = {"compile_error": f"not measured within {timeout:.0f} s"}
+            found = not_measured(timeout)
         return self.oracle.with_compile_baseline(verdict, found)
 
     def _quiet(self, loop: asyncio.AbstractEventLoop):

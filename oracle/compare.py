@@ -76,12 +76,13 @@ def compare(out: object, ref: torch.Tensor, label: str = "output", policy: str =
     wide = torch.promote_types(ref.dtype, torch.float32)
     finite = torch.isfinite(ref) & torch.isfinite(out)
     diff = torch.where(finite, (out.to(wide) - ref.to(wide)).abs(), 0)
+    abs_ref = torch.where(finite, ref.to(wide).abs(), 0)  # once, for every policy's bound
     max_diff = float(diff.max()) if diff.numel() else 0.0
-    nonzero = finite & (ref != 0)
-    max_rel = float((diff[nonzero] / ref.to(wide)[nonzero].abs()).max()) if nonzero.any() else 0.0
+    nonzero = abs_ref > 0
+    max_rel = float(torch.where(nonzero, diff / abs_ref, 0).max()) if nonzero.any() else 0.0
     atol, rtol = TOLERANCES.get(ref.dtype, (1e-4, 1e-4))
-    outcomes = {"kernelbench": _elementwise(out, ref, diff, finite, atol, rtol, label, l2_guard=True),
-                "kernelbench-v0.1": _elementwise(out, ref, diff, finite, V0_1_TOLERANCE, V0_1_TOLERANCE, label,
+    outcomes = {"kernelbench": _elementwise(out, ref, diff, abs_ref, atol, rtol, label, l2_guard=True),
+                "kernelbench-v0.1": _elementwise(out, ref, diff, abs_ref, V0_1_TOLERANCE, V0_1_TOLERANCE, label,
                                                  l2_guard=False)}
     figures = ErrorFigures(max_abs=_bounded(max_diff), max_rel=_bounded(max_rel))
     if correction is not None and scale is not None:
@@ -101,12 +102,12 @@ def _bounded(x: float) -> float:
     return x if math.isfinite(x) and x < UNBOUNDED else UNBOUNDED
 
 
-def _elementwise(out, ref, diff, finite, atol: float, rtol: float, label: str, l2_guard: bool) -> _Outcome:
+def _elementwise(out, ref, diff, abs_ref, atol: float, rtol: float, label: str, l2_guard: bool) -> _Outcome:
     """|out - ref| <= atol + rtol * |ref| (torch.isclose, in the output's dtype: the decision KernelBench
     makes), NaN and inf where the reference has them, and optionally the relative L2 guard."""
     good = torch.isclose(out, ref, rtol=rtol, atol=atol, equal_nan=True)
     bad = ~good.flatten()
-    bound = atol + rtol * ref.to(diff.dtype).abs()
+    bound = atol + rtol * abs_ref
     worst = float((diff / bound).max()) if diff.numel() else 0.0
     if bad.any():
         wrong = _mismatch_message(out, ref, bad, label, f"atol={atol:g}, rtol={rtol:g}", float(diff.max()))
@@ -114,7 +115,7 @@ def _elementwise(out, ref, diff, finite, atol: float, rtol: float, label: str, l
         return _Outcome(False, over, wrong.message)
     if not l2_guard:
         return _Outcome(True, worst)
-    ref_norm = float(torch.linalg.vector_norm(torch.where(finite, ref.to(diff.dtype), 0)))
+    ref_norm = float(torch.linalg.vector_norm(abs_ref))
     if ref_norm > 0:
         rel = float(torch.linalg.vector_norm(diff)) / ref_norm
         worst = max(worst, rel / MAX_RELATIVE_L2)

@@ -237,12 +237,17 @@ class Oracle:
         pending = self.compile_baseline_pending(task, verdict)
         if pending is None:
             return verdict
-        timeout = self.config.compile_timeout_s * 2 if timeout_s is None else timeout_s
+        timeout = self.compile_wait_s if timeout_s is None else timeout_s
         try:
             found = pending.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
-            found = {"compile_error": f"not measured within {timeout:.0f} s"}
+            found = not_measured(timeout)
         return self.with_compile_baseline(verdict, found)
+
+    @property
+    def compile_wait_s(self) -> float:
+        """How long a correct verdict waits for its task's torch.compile baseline (compiling, then timing)."""
+        return self.config.compile_timeout_s * 2
 
     def compile_baseline_pending(self, task: Task, verdict: Verdict) -> concurrent.futures.Future | None:
         """What a correct verdict waits for before its `torch.compile` speedup is known (None: nothing), as a
@@ -260,6 +265,11 @@ class Oracle:
     def _verdict(self, task: Task, status: str, message: str, **fields: Any) -> Verdict:
         return Verdict(task=task.id, status=status, message=message, device=self.config.device, sizes=dict(task.sizes),
                        tolerance=self.config.tolerance, **fields)
+
+
+def not_measured(timeout_s: float) -> dict[str, str]:
+    """The torch.compile baseline a verdict waited for in vain."""
+    return {"compile_error": f"not measured within {timeout_s:.0f} s"}
 
 
 class _CandidateRun:

@@ -70,12 +70,6 @@ def judge_outputs(outputs: list[torch.Tensor | None], expected: list[torch.Tenso
     return OutputsJudged(problem, [p for p in POLICIES if p in passes], figures)
 
 
-def output_problem(outputs: list[torch.Tensor | None], expected: list[torch.Tensor | None], where: str,
-                   policy: str = DEFAULT_POLICY) -> str | None:
-    """Why `outputs` are not the `expected` ones under `policy` (None when they are)."""
-    return judge_outputs(outputs, expected, where, policy).problem
-
-
 def check_name(index: int, checks: int, smaller: dict[str, Any] | None = None,
                sizes: dict[str, Any] | None = None) -> str:
     """How a message names a check. `smaller`: for the check at the second, smaller size, the size constants

@@ -228,10 +228,7 @@ class References:
             known = self._known.get(key)
             codes = known.codes if known else _codes(task)
             cases = known.cases if known else _cases(self.settings, len(codes))
-            request = PrepareTask(key=key, task_id=task.id, codes=codes, cases=[c.to_json() for c in cases],
-                                  timing_seeds=self.timing_seeds(task), init_seed=self.settings.init_seed,
-                                  call_timeout_s=self.settings.call_timeout_s * 5,
-                                  float64_max_bytes=self.settings.float64_max_bytes)
+            request = self._prepare_request(task, key, codes, cases)
             with self._shared():
                 prepared = Prepared.from_json(self.process.request("prepare", request.to_json()))
             if prepared.reference_s:  # measured by the reference process: no waiting counted
@@ -256,7 +253,8 @@ class References:
         kernel is compared with a baseline measured under the same conditions, not whenever the cache was filled."""
         spent = {} if spent is None else spent
         reference = self.get(task, quiet, spent)
-        eager, seconds = self._eager(task, self._prepare_request(task, reference), quiet, fresh=True)
+        request = self._prepare_request(task, reference.key, reference.codes, reference.cases)
+        eager, seconds = self._eager(task, request, quiet, fresh=True)
         reference.eager = eager
         spent["baselines"] = spent.get("baselines", 0.0) + seconds
         return reference
@@ -282,11 +280,11 @@ class References:
             tmp.write_text(json.dumps(data))
             tmp.replace(path)
 
-    def _prepare_request(self, task: Task, reference: Reference) -> PrepareTask:
-        return PrepareTask(key=reference.key, task_id=task.id, codes=reference.codes,
-                           cases=[c.to_json() for c in reference.cases], timing_seeds=reference.timing_seeds,
-                           init_seed=self.settings.init_seed, call_timeout_s=self.settings.call_timeout_s * 5,
-                                  float64_max_bytes=self.settings.float64_max_bytes)
+    def _prepare_request(self, task: Task, key: str, codes: list[str], cases: list[Case]) -> PrepareTask:
+        s = self.settings
+        return PrepareTask(key=key, task_id=task.id, codes=codes, cases=[c.to_json() for c in cases],
+                           timing_seeds=self.timing_seeds(task), init_seed=s.init_seed,
+                           call_timeout_s=s.call_timeout_s * 5, float64_max_bytes=s.float64_max_bytes)
 
     def _eager(self, task: Task, request: PrepareTask, quiet: Callable[[], ContextManager],
                fresh: bool = False) -> tuple[dict | None, float]:

@@ -254,25 +254,21 @@ class Controller:
     async def _evaluate_new(self, state: TaskState, candidate: Candidate, sample_index: int) -> Verdict:
         """Judge a candidate not seen before in this task; later samples with its hash await the same verdict
         (set by `_with_compile_baseline`, once it is complete)."""
-        fut = asyncio.get_running_loop().create_future()
-        state.verdicts[candidate.hash] = fut
+        state.verdicts[candidate.hash] = asyncio.get_running_loop().create_future()
         state.first_sample[candidate.hash] = sample_index
         try:
             return await self.pool.evaluate(state.task, candidate)
         except BaseException:
-            del state.verdicts[candidate.hash]
-            fut.cancel()
+            state.verdicts.pop(candidate.hash).cancel()
             raise
 
     async def _with_compile_baseline(self, state: TaskState, candidate: Candidate, verdict: Verdict) -> Verdict:
-        fut = state.verdicts[candidate.hash]
         try:
             verdict = await self.pool.with_compile_baseline(state.task, verdict)
         except BaseException:
-            del state.verdicts[candidate.hash]
-            fut.cancel()
+            state.verdicts.pop(candidate.hash).cancel()
             raise
-        fut.set_result(verdict)
+        state.verdicts[candidate.hash].set_result(verdict)
         return verdict
 
     def _record(self, state: TaskState, rnd: int, chain: int, messages, completion: Completion,

@@ -21,12 +21,12 @@ def checked(**kw) -> Checked:
 
 def test_outputs_within_tolerance_pass_and_a_wrong_element_is_named():
     ref = [torch.randn(32, 32)]
-    assert judge.output_problem([ref[0] + 1e-6], ref, "check 1 of 6") is None
+    assert judge.judge_outputs([ref[0] + 1e-6], ref, "check 1 of 6").problem is None
     bad = ref[0].clone()
     bad[2, 3] += 1.0
-    message = judge.output_problem([bad], ref, "check 1 of 6")
+    message = judge.judge_outputs([bad], ref, "check 1 of 6").problem
     assert message.startswith("check 1 of 6: output: 1 of 1024 elements wrong") and "at [2, 3]" in message
-    assert "forward returned 2 output(s), expected 1" in judge.output_problem([bad, bad], ref, "check 2 of 6")
+    assert "forward returned 2 output(s), expected 1" in judge.judge_outputs([bad, bad], ref, "check 2 of 6").problem
 
 
 def test_a_later_call_changing_an_earlier_output_is_caught():
