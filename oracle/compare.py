@@ -73,6 +73,10 @@ def compare(out: object, ref: torch.Tensor, label: str = "output", policy: str =
         return Comparison(False, wrong.message, figures=ErrorFigures(
             max_abs=float((out.double() - ref.double()).abs().max()), max_rel=UNBOUNDED,
             over_bound={p: UNBOUNDED for p in POLICIES}))
+    if correction is None:
+        quick = _clear_pass(out, ref)
+        if quick is not None:
+            return quick
     wide = torch.promote_types(ref.dtype, torch.float32)
     finite = torch.isfinite(ref) & torch.isfinite(out)
     diff = torch.where(finite, (out.to(wide) - ref.to(wide)).abs(), 0)
@@ -95,6 +99,43 @@ def compare(out: object, ref: torch.Tensor, label: str = "output", policy: str =
     passes = [name for name in POLICIES if outcomes[name].ok]
     chosen = outcomes[policy]
     return Comparison(chosen.ok, chosen.message, max_diff, passes, figures)
+
+
+# The quick path decides a policy only with this much room under its bound: `torch.isclose` computes the
+# bound in the output's own dtype, so a figure within a rounding error of 1 is left to the exact path.
+CLEAR_MARGIN = 0.99
+
+
+def _clear_pass(out: torch.Tensor, ref: torch.Tensor) -> Comparison | None:
+    """The figures and verdicts of `compare` in about a quarter of its passes over the tensors, for the
+    common case of an output that is finite and clearly within every kernelbench bound: atol = rtol for
+    every dtype and policy, so |d| <= atol + rtol |ref| is |d| / (1 + |ref|) <= atol, one ratio tensor for
+    both. None (the exact path decides) when anything is non-finite, near a bound, or over one; a GB-sized
+    output then costs the full comparison only when it fails."""
+    atol, rtol = TOLERANCES.get(ref.dtype, (1e-4, 1e-4))
+    if atol != rtol or not out.numel():
+        return None
+    wide = torch.promote_types(ref.dtype, torch.float32)
+    diff = (out.to(wide) - ref.to(wide)).abs_()
+    if not bool(torch.isfinite(diff).all()):  # NaN or inf in either (inf - inf, NaN - x are not finite)
+        return None
+    abs_ref = ref.to(wide).abs()
+    max_diff = float(diff.max())
+    nonzero = abs_ref > 0
+    rel = diff / abs_ref  # inf or NaN where ref is 0: those are left out
+    max_rel = float(rel.masked_fill_(~nonzero, 0).max())
+    del rel, nonzero
+    ref_norm, diff_norm = float(torch.linalg.vector_norm(abs_ref)), float(torch.linalg.vector_norm(diff))
+    worst_ratio = float(diff.div_(abs_ref.add_(1)).max())  # max |d| / (1 + |ref|), in place: nothing kept
+    over = {"kernelbench": worst_ratio / atol, "kernelbench-v0.1": worst_ratio / V0_1_TOLERANCE}
+    if ref_norm > 0:
+        over["kernelbench"] = max(over["kernelbench"], diff_norm / ref_norm / MAX_RELATIVE_L2)
+    if max(over.values()) > CLEAR_MARGIN:
+        return None
+    over["numeric"] = over[FALLBACK_POLICY]  # no float64 reference here: numeric judges as kernelbench
+    figures = ErrorFigures(max_abs=_bounded(max_diff), max_rel=_bounded(max_rel),
+                           over_bound={name: _bounded(over[name]) for name in POLICIES})
+    return Comparison(True, "", max_diff, list(POLICIES), figures)
 
 
 def _bounded(x: float) -> float:

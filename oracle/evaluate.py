@@ -288,6 +288,8 @@ class _CandidateRun:
         self.passes: set[str] = set(POLICIES)
         self.errors: ErrorFigures | None = None
         self.failed: str | None = None
+        self.spent = _Spent({})
+        self.segments: _Segments | None = None
 
     def _verdict(self, status: str, message: str, **fields: Any) -> Verdict:
         verdict = self.oracle._verdict(self.task, status, message, **{**self.base, **fields})
@@ -308,9 +310,11 @@ class _CandidateRun:
         env = {"TRITON_INTERPRET": "1"} if self.candidate.backend == "triton" and c.device == "cpu" else None
         device_s = dict(self.base.get("device_s") or {})
         self.base["device_s"] = device_s
+        self.spent = _Spent(device_s)
         t0 = time.perf_counter()
         try:
             with oracle.memory.reserve(self._memory_estimate()):
+                self.spent.waited(t0)
                 return self._checked_and_timed(job, env, device_s, t0, quiet)
         except ReferenceError as exc:
             return self._verdict("runtime_error", f"the oracle could not compare the outputs: {exc}",
@@ -327,12 +331,16 @@ class _CandidateRun:
         oracle = self.oracle
         try:
             self.session = oracle.references.open(self.task, self.reference, quiet)
-            with oracle.quiet.lock.shared():
+            # The checks hold the device lock's shared side only while the worker or the trusted side has
+            # device work in flight (`_Segments`): between two calls the worker waits, synchronised, for
+            # `go`, and a timing waiting for the device goes first instead of waiting for every check to end.
+            self.segments = _Segments(oracle.quiet.lock, self.spent)
+            with self.segments:
                 self.worker = Worker(harness.candidate_entry, job.to_json(), {"candidate.py": self.candidate.source}, env=env)
                 with oracle.quiet.running(self.worker):
                     checked = self._until("checked")
             verify_s = time.perf_counter() - t0
-            device_s["checks"] = verify_s
+            self.spent.phase_done("checks", verify_s)
             if isinstance(checked, Verdict):
                 return Verdict.from_json({**checked.to_json(), "verify_s": verify_s})
             if self.compared != self._expected_checks():
@@ -345,10 +353,12 @@ class _CandidateRun:
                 return self._verdict("incorrect", self.failed, verify_s=verify_s, passes=self._passes())
             t1 = time.perf_counter()
             with oracle.quiet.running(self.worker), oracle.quiet.alone(self.worker), quiet():
+                self.spent.waited(t1)
+                self.segments = None  # the device is held alone until the result
                 self.worker.send(cmd="time")
                 ended = self._until("result")
             time_s = time.perf_counter() - t1
-            device_s["timing"] = time_s
+            self.spent.phase_done("timing", time_s)
         except PhaseTimeout as exc:
             return self._verdict("timeout", f"{exc} took longer than its limit (infinite loop or a hang?)",
                                  verify_s=time.perf_counter() - t0)
@@ -398,9 +408,11 @@ class _CandidateRun:
                 if not allowed:
                     return self._verdict("runtime_error", "the candidate's process sent outputs it was not asked for "
                                          "(it must not write to the oracle's pipe)")
+                asked = time.perf_counter()
                 compared = self.oracle.references.compare(self.session, ready.kind, ready.index, ready.tensors,
                                                           str(self.share_dir) if self.share_dir else None,
                                                           self.oracle.config.tolerance)
+                self.spent.compared(asked, compared.seconds)
                 if compared.errors:
                     figures = ErrorFigures.from_json(compared.errors)
                     self.errors = figures if self.errors is None else self.errors.merged(figures)
@@ -411,6 +423,8 @@ class _CandidateRun:
                 if self.failed is not None and (wanted != "checked" or not self.passes):
                     return self._verdict("incorrect", self.failed, passes=self._passes())
                 self.compared.append((ready.kind, ready.index))
+                if self.segments is not None:
+                    self.segments.between()  # the worker waits for `go`: a waiting timing may go first
                 self.worker.send(cmd="go")
             elif "checked" in message and wanted == "checked":
                 try:
@@ -443,6 +457,67 @@ class _CandidateRun:
             self.oracle.references.close_session(self.session)
         if self.share_dir is not None:
             shutil.rmtree(self.share_dir, ignore_errors=True)
+
+
+class _Spent:
+    """Where a candidate's seconds in its device slot went (`Verdict.device_s`): `waiting` (for device memory,
+    the device lock, the reference process's other requests), `compare` (the trusted side comparing its
+    outputs), and the rest of its `checks` and its `timing` (the worker's own work). The four add up to
+    its verify and timing seconds; `reference` and `baselines` are the task's, counted by `References.get`."""
+
+    def __init__(self, device_s: dict[str, float]) -> None:
+        self.device_s = device_s
+        self._waiting = 0.0  # within the phase under way
+        self._compare = 0.0
+
+    def waited(self, since: float) -> None:
+        self._waiting += time.perf_counter() - since
+
+    def compared(self, asked: float, seconds: float) -> None:
+        """A comparison asked at `asked` that the reference process spent `seconds` on."""
+        round_trip = time.perf_counter() - asked
+        self._compare += min(seconds, round_trip)
+        self._waiting += max(0.0, round_trip - seconds)
+
+    def phase_done(self, phase: str, seconds: float) -> None:
+        for name, value in (("waiting", self._waiting), ("compare", self._compare)):
+            if value:
+                self.device_s[name] = self.device_s.get(name, 0.0) + value
+        self.device_s[phase] = max(0.0, seconds - self._waiting - self._compare)
+        self._waiting = self._compare = 0.0
+
+
+class _Segments:
+    """The device lock's shared side for a candidate being checked, held while its worker or the trusted side
+    may have device work in flight and let go between two calls, when the worker waits (synchronised) for
+    `go`: a timing waits for the current call of each check, not for every check to end."""
+
+    def __init__(self, lock, spent: _Spent) -> None:
+        self.lock, self.spent = lock, spent
+        self._held: contextlib.ExitStack | None = None
+
+    def _take(self) -> None:
+        asked = time.perf_counter()
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.lock.shared())
+        self._held = stack
+        self.spent.waited(asked)
+
+    def _let_go(self) -> None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            held.close()
+
+    def between(self) -> None:
+        self._let_go()
+        self._take()
+
+    def __enter__(self) -> "_Segments":
+        self._take()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._let_go()
 
 
 def _share_root(output_bytes: int) -> Path | None:

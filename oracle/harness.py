@@ -153,8 +153,23 @@ def _seeded_inputs(module: TaskModule, seed: int, device: str) -> list[Any]:
 
 
 def _reference_model(module: TaskModule, init_seed: int, device: str) -> torch.nn.Module:
-    torch.manual_seed(init_seed)
-    return module.make_model().to(device)
+    """The task's model, its parameters made on the device itself: a 32768 x 32768 linear layer takes
+    seconds to initialise on the host and milliseconds on a GPU. Seeded, so every process that makes it on
+    the device gets the same values (the candidate's worker copies them, `_candidate_model`)."""
+    return _made_on(device, init_seed, module.make_model)
+
+
+def _made_on(device: str, seed: int, make: Any) -> torch.nn.Module:
+    """`make()` with factory functions defaulting to `device`, seeded; on the host where that fails (an
+    __init__ that needs host tensors), the same way in every process, since the code is the same."""
+    torch.manual_seed(seed)
+    try:
+        with torch.device(device):
+            model = make()
+    except Exception:  # noqa: BLE001 - the task's or candidate's own __init__; its error shows on the host
+        torch.manual_seed(seed)
+        model = make()
+    return model.to(device)
 
 
 def _flat_outputs(out: Any) -> list[Any]:
@@ -373,13 +388,16 @@ def _run_candidate(conn: Connection, job: CandidateJob) -> WorkerResult:
 
     models: list[torch.nn.Module] = []
     for m in modules:
-        reference_state = _reference_model(m, job.init_seed, "cpu").state_dict()
-        torch.manual_seed(job.init_seed)
-        candidate = model_cls(*m.get_init_inputs())
+        # Made on the device, as the reference process makes the reference: the same seed gives the same
+        # parameters, copied where names and shapes match (a ModelNew built in the same order as Model gets
+        # them by construction otherwise, as KernelBench's harness does).
+        reference_state = _reference_model(m, job.init_seed, device).state_dict()
+        candidate = _made_on(device, job.init_seed, lambda: model_cls(*m.get_init_inputs()))
         own = candidate.state_dict()
         matching = {k: v for k, v in reference_state.items() if k in own and own[k].shape == v.shape}
         candidate.load_state_dict(matching, strict=False)
-        models.append(candidate.to(device))
+        del reference_state
+        models.append(candidate)
     param_snapshots = [[p.detach().clone() for p in m.state_dict().values()] for m in models]
 
     share = _Sharer(conn, job.share_dir)

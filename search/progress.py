@@ -205,7 +205,8 @@ class RunProgress:
         for p in alive:
             for name, seconds in (p.get("device_phases_s") or {}).items():
                 phases[name] = phases.get(name, 0.0) + float(seconds)
-        shown = [f"{name} {phases[name]:.0f}" for name in ("checks", "timing", "reference", "baselines") if phases.get(name)]
+        shown = [f"{name} {phases[name]:.0f}" for name in ("checks", "compare", "timing", "reference", "baselines", "waiting")
+                 if phases.get(name)]
         return text + (f"; device s: {', '.join(shown)}" if shown else "")
 
     def nodes_text(self) -> str | None:

@@ -113,3 +113,48 @@ def test_hostile_descriptors_are_refused(tmp_path):
     linked = SharedTensor.from_json({**good, "file": "o_9.bin"})
     with pytest.raises(ShareError):
         import_tensor(linked, tmp_path)
+
+
+def _exact(out, ref):
+    from oracle import compare as module
+    quick, module._clear_pass = module._clear_pass, lambda o, r: None
+    try:
+        return module.compare(out, ref)
+    finally:
+        module._clear_pass = quick
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_the_quick_comparison_gives_the_exact_figures_for_a_clear_pass(dtype):
+    from oracle.compare import _clear_pass, compare
+    g = torch.Generator().manual_seed(3)
+    ref = torch.randn(4096, generator=g).to(dtype)
+    ref[::7] = 0  # elements where the relative error is left out
+    out = (ref.float() * (1 + 1e-6 * torch.randn(4096, generator=g))).to(dtype)
+    assert _clear_pass(out, ref) is not None  # taken: finite and far within every bound
+    quick, exact = compare(out, ref), _exact(out, ref)
+    assert quick.ok and quick.passes == exact.passes
+    assert quick.figures.max_abs == pytest.approx(exact.figures.max_abs)
+    assert quick.figures.max_rel == pytest.approx(exact.figures.max_rel)
+    for policy in exact.figures.over_bound:
+        assert quick.figures.over_bound[policy] == pytest.approx(exact.figures.over_bound[policy], rel=1e-5, abs=1e-12)
+
+
+@pytest.mark.parametrize("case", ["near_bound", "over_bound", "nan", "inf_in_both", "tiny_values"])
+def test_outputs_near_or_over_a_bound_or_not_finite_take_the_exact_comparison(case):
+    from oracle.compare import _clear_pass, compare
+    ref = torch.linspace(-2, 2, 1000)
+    out = ref.clone()
+    if case == "near_bound":
+        out[10] += 0.995e-4 * (1 + ref[10].abs())  # within kernelbench's bound by less than the margin
+    elif case == "over_bound":
+        out[10] += 1e-3
+    elif case == "nan":
+        out[10] = float("nan")
+    elif case == "inf_in_both":
+        ref[10] = out[10] = float("inf")
+    else:  # every element within atol of tiny values, but 50% off: the relative L2 guard's case
+        ref = torch.full((1000,), 1e-6)
+        out = ref * 1.5
+    assert _clear_pass(out, ref) is None
+    assert compare(out, ref).passes == _exact(out, ref).passes
