@@ -11,6 +11,7 @@ ends; one that starts while a timing holds the device starts stopped.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import threading
@@ -24,12 +25,15 @@ from oracle.sandbox import Worker, signal_trees
 
 class QuietDevice:
     def __init__(self, device: str, stop_compilers: bool = True, machine: TimingLock | None = None,
-                 build_placement: Placement | None = None) -> None:
+                 build_placement: Placement | None = None, timing_placement: Placement | None = None) -> None:
         # `machine`: the device's machine-wide lock, so that two processes never time on one device at once
         self.lock = DeviceLock(machine)
         self.stop_compilers = device == "cpu" and stop_compilers
         # `build_placement`: where compilers run (oracle.cores: off the cores kept for timing, niced), or None
         self.build_placement = build_placement
+        # `timing_placement`: where the process that holds the device alone runs while it times (the cores
+        # kept for timing), or None; it gets its own cores back afterwards
+        self.timing_placement = timing_placement
         self._workers: set[Worker] = set()  # stopped while another is timed, on every device
         self._builders: set[Worker] = set()  # stopped while anything is timed, on a CPU
         self._header_makers: list[subprocess.Popen] = []
@@ -39,8 +43,9 @@ class QuietDevice:
 
     @contextlib.contextmanager
     def alone(self, own: Worker | None = None) -> Iterator[None]:
-        """The device to this thread alone: no check runs, and every other registered process is stopped."""
-        with self.lock.exclusive():
+        """The device to this thread alone: no check runs, every other registered process is stopped, and
+        `own` (the process that times) runs on the timing cores while it lasts."""
+        with self.lock.exclusive(), self._placed_for_timing(own):
             with self._guard:
                 others = [w.process.pid for w in self._workers if w is not own]
                 if self.stop_compilers:
@@ -55,6 +60,26 @@ class QuietDevice:
                     self._held_alone = False
                     signal_trees(others + self._stopped_late, signal.SIGCONT)
                     self._stopped_late = []
+
+    @contextlib.contextmanager
+    def _placed_for_timing(self, own: Worker | None) -> Iterator[None]:
+        """The timing thread waits for no core: builds are kept off the timing cores (`build_placement`),
+        and the process that times is moved onto them, so the scheduler cannot leave it on a core a build
+        holds (a launch-bound kernel's time is its launching thread's)."""
+        pid = own.process.pid if own is not None and own.process.pid else None
+        if self.timing_placement is None or pid is None:
+            yield
+            return
+        try:
+            before = tuple(sorted(os.sched_getaffinity(pid)))
+        except OSError:
+            yield
+            return
+        self.timing_placement.apply_to(pid)
+        try:
+            yield
+        finally:
+            Placement(before).apply_to(pid)
 
     @contextlib.contextmanager
     def running(self, worker: Worker) -> Iterator[None]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
-from oracle import gpu_lock, harness, judge
+from oracle import gpu_lock, judge
 from oracle.build import BuildOutcome, CandidateBuilds, build_key, cache_root, last_line
 from oracle.candidate import Candidate
 from oracle.cores import plan_cores
@@ -35,6 +35,7 @@ from oracle.pch import default_root
 from oracle.protocol import CandidateJob, Checked, ErrorFigures, OutputsReady
 from oracle.reference import Reference, ReferenceError, References, ReferenceSettings
 from oracle.sandbox import PhaseTimeout, Worker, WorkerDied
+from oracle.standby import StandbyWorkers
 from oracle.timing import TimingParams, block_calls
 from oracle.tolerance import DEFAULT_POLICY, FALLBACK_FLAG, POLICIES, check_policy
 from oracle.verdict import Verdict
@@ -68,6 +69,8 @@ class OracleConfig:
     reserve_timing_cores: bool | None = None
     pch_dir: Path | None = None  # where those headers live (default: oracle.pch.default_root())
     check_slots: int | None = None  # candidates checked at once on the device (default: 4 on a GPU, 1 on a CPU)
+    # workers started ahead of their candidates (oracle.standby; default: one per device slot; 0: none)
+    standby_workers: int | None = None
     reference_memory: float = 0.15  # share of the device's memory the kept reference outputs may use
     candidate_memory: float = 0.45  # share the candidates' workers may be promised at once
     # share the torch.compile workers may be promised at once: apart, so that baselines made in the
@@ -144,8 +147,11 @@ class Oracle:
         self.threads = c.threads or os.cpu_count() or 1
         builds_root = cache_root(c.cache_dir)
         self.cores = plan_cores() if c.reserves_cores else None
+        kept = self.cores is not None and self.cores.reserved
         self.quiet = QuietDevice(c.device, c.stop_builds_while_timing, gpu_lock.for_device(c.device, c.cache_dir),
-                                 self.cores.for_builds if self.cores is not None and self.cores.reserved else None)
+                                 self.cores.for_builds if kept else None,
+                                 # on a GPU the timing thread only launches; a CPU timing needs every core
+                                 self.cores.for_timing if kept and c.device == "cuda" else None)
         self.pch = (c.pch_dir or default_root()) if c.precompiled_headers else None
         self.builds = CandidateBuilds(builds_root, self.gpu_arch, self.pch, c.build_timeout_s, self.quiet)
         self.memory = MemoryBudget(int(c.candidate_memory * _device_memory(c.device)))
@@ -161,11 +167,14 @@ class Oracle:
                                      shared=lambda: self.quiet.lock.shared(), register=self.quiet.running,
                                      reserve=compile_memory.reserve)
         self.device_s: dict[str, float] = {"reference": 0.0, "baselines": 0.0, "checks": 0.0, "timing": 0.0}
+        self.standby = StandbyWorkers(c.device, c.device_slots if c.standby_workers is None else c.standby_workers,
+                                      self.quiet.running)
 
     def alone(self, own: Worker | None = None):
         return self.quiet.alone(own)
 
     def close(self) -> None:
+        self.standby.close()
         self.references.close()
 
     # ------------------------------------------------------------ the whole way
@@ -215,6 +224,7 @@ class Oracle:
         if build.status:
             return self._verdict(task, build.status, build.message, **base)
         quiet = quiet or contextlib.nullcontext
+        self.standby.fill()  # from the first candidate on, the next ones find their worker started
         spent: dict[str, float] = {}
         with self.references.pinned(task):  # its reference stays in the reference process until the verdict
             try:
@@ -336,7 +346,7 @@ class _CandidateRun:
             # `go`, and a timing waiting for the device goes first instead of waiting for every check to end.
             self.segments = _Segments(oracle.quiet.lock, self.spent)
             with self.segments:
-                self.worker = Worker(harness.candidate_entry, job.to_json(), {"candidate.py": self.candidate.source}, env=env)
+                self.worker = oracle.standby.take(job.to_json(), {"candidate.py": self.candidate.source}, env=env)
                 with oracle.quiet.running(self.worker):
                     checked = self._until("checked")
             verify_s = time.perf_counter() - t0

@@ -34,25 +34,36 @@ POISON_MAX_BYTES = 2 * 1024**3
 
 
 def _enter_worker(job_dir: Path) -> dict[str, Any]:
-    """Own process group, private folder, stdout discarded and stderr to a file, file-size limit; returns the job.
+    """Own process group, private folder, stdout discarded and stderr to a file, file-size limit; returns the job."""
+    _enter_private(job_dir)
+    return _read_job(job_dir)
+
+
+def _enter_private(job_dir: Path) -> None:
+    """Own process group, private folder, stdout discarded and stderr to a file.
 
     Nobody reads the worker's stdout (the protocol is the pipe), so it goes to /dev/null: a candidate that
     prints a fake verdict or hundreds of MB writes nothing anywhere. stderr (for the message's last line)
-    goes to a file capped by RLIMIT_FSIZE: writing past the cap kills the worker (SIGXFSZ)."""
+    goes to a file, capped by RLIMIT_FSIZE once the job is read: writing past the cap kills the worker
+    (SIGXFSZ)."""
     os.setsid()
     _die_with_parent()
     os.chdir(job_dir)
     os.environ["TMPDIR"] = str(job_dir)
-    job = json.loads((job_dir / "job.json").read_text())
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.close(devnull)
     f = os.open(job_dir / "stderr.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(f, 2)
     os.close(f)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _read_job(job_dir: Path) -> dict[str, Any]:
+    """The job, and the limits it sets: the file-size cap, the torch threads."""
+    job = json.loads((job_dir / "job.json").read_text())
     limit = int(job.get("max_file_bytes") or MAX_FILE_BYTES)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     torch.set_num_threads(job.get("threads") or torch.get_num_threads())
     return job
 
@@ -247,11 +258,26 @@ def _profile_call_timed(fn, inputs: list[Any], device: str) -> tuple[list[str], 
 # ---------------------------------------------------------------- candidate (untrusted)
 
 
+STANDBY_FILE = "standby.json"  # in a worker's folder at its start: it starts ahead of its job (oracle.standby)
+
+
 def candidate_entry(conn: Connection, job_dir: str) -> None:
-    job = CandidateJob.from_json(_enter_worker(Path(job_dir)))
+    """A candidate's worker. Started with its job, or on standby (`STANDBY_FILE` names the device): then it
+    sets up the device and warms up its profiling first, and reads its job when the trusted side says `job`,
+    so a candidate does not wait for a process to start."""
+    folder = Path(job_dir)
+    ready: tuple[CandidateJob, threading.Thread] | None = None
+    if (folder / STANDBY_FILE).exists():
+        ready = _on_standby(conn, folder)
+        if ready is None:
+            return  # closed unused, or its setup failed: the oracle starts a worker the ordinary way instead
+    else:
+        job = CandidateJob.from_json(_enter_worker(folder))
     try:
-        _device_setup(job.device)
-        result = _run_candidate(conn, job)
+        if ready is None:
+            _device_setup(job.device)
+            ready = job, warm_profiler(job.device)
+        result = _run_candidate(conn, *ready)
     except BuildFailed as exc:
         result = WorkerResult("compile_error", str(exc))
     except _Refused:
@@ -259,6 +285,22 @@ def candidate_entry(conn: Connection, job_dir: str) -> None:
     except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt included
         result = WorkerResult("runtime_error", _exception_message(exc))
     send(conn, result=result)
+
+
+def _on_standby(conn: Connection, folder: Path) -> tuple[CandidateJob, threading.Thread] | None:
+    """Set up the device and warm up, then wait for the job; None when closed unused or when the setup failed
+    (this worker then ends, and is not handed a candidate)."""
+    try:
+        _enter_private(folder)
+        device = str(json.loads((folder / STANDBY_FILE).read_text())["device"])
+        _device_setup(device)
+        warming = warm_profiler(device)
+        command = receive(conn)
+        if command.get("cmd") != "job":
+            return None
+        return CandidateJob.from_json(_read_job(folder)), warming
+    except Exception:  # noqa: BLE001 - nothing of a candidate has run yet: there is nothing to report
+        return None
 
 
 class _Refused(Exception):
@@ -405,11 +447,10 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)) if a.is_floating_point() else torch.equal(a, b))
 
 
-def _run_candidate(conn: Connection, job: CandidateJob) -> WorkerResult:
+def _run_candidate(conn: Connection, job: CandidateJob, warming: threading.Thread) -> WorkerResult:
     device = job.device
     record = BuildRecord()
     install_build_hooks(Path(job.cache), job.gpu_arch, record, Path(job.pch) if job.pch else None)
-    warming = warm_profiler(device)
     modules = [exec_task_code(code, job.task_id) for code in job.codes]
     send(conn, phase="import", deadline_s=job.import_timeout_s)
     module = _import_candidate(job.candidate_path, job.backend, task_constants(modules[0].namespace))

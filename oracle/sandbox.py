@@ -117,15 +117,15 @@ class WorkerOutcome:
 class Worker:
     """One worker process, driven message by message by the trusted side."""
 
-    def __init__(self, entry: Callable[[Connection, str], None], job: dict[str, Any], files: dict[str, str] | None = None,
-                 env: dict[str, str] | None = None, placement: Placement | None = None) -> None:
+    def __init__(self, entry: Callable[[Connection, str], None], job: dict[str, Any] | None,
+                 files: dict[str, str] | None = None, env: dict[str, str] | None = None,
+                 placement: Placement | None = None) -> None:
         """`placement`: the cores and niceness the worker runs with (`oracle.cores`), set in it before the
-        entry runs; everything it starts (ninja, nvcc, cc1plus) inherits them."""
+        entry runs; everything it starts (ninja, nvcc, cc1plus) inherits them. `job` None: the worker starts
+        ahead of its job, which `assign` gives it (an entry that supports it: `oracle.standby`)."""
         self.dir = Path(tempfile.mkdtemp(prefix="ks-worker-"))
         os.chmod(self.dir, 0o700)
-        for name, text in (files or {}).items():
-            (self.dir / name).write_text(text)
-        (self.dir / "job.json").write_text(json.dumps(job))
+        self._write(job, files)
         ctx = _worker_context()
         self.conn, child_conn = ctx.Pipe(duplex=True)
         # A marker that the worker's children inherit: close() finds and kills those that left its process group.
@@ -141,6 +141,23 @@ class Worker:
         self.deadline = time.monotonic() + 120.0  # until the worker names its first phase
         self.phases: dict[str, float] = {}
         self.clocks: dict[str, float] = {}
+        self._phase_started = time.perf_counter()
+
+    def _write(self, job: dict[str, Any] | None, files: dict[str, str] | None) -> None:
+        for name, text in (files or {}).items():
+            (self.dir / name).write_text(text)
+        if job is not None:
+            (self.dir / "job.json").write_text(json.dumps(job))
+
+    def assign(self, job: dict[str, Any], files: dict[str, str] | None = None) -> None:
+        """Give a worker started without its job the job and its files; its clocks and its first phase's
+        deadline start now, as a worker's do when it starts."""
+        self._write(job, files)
+        send(self.conn, cmd="job")
+        self.started = time.perf_counter()
+        self.phase = "start"
+        self.phases = {}
+        self.deadline = time.monotonic() + 120.0
         self._phase_started = time.perf_counter()
 
     def messages(self) -> Iterator[dict[str, Any]]:
@@ -166,10 +183,11 @@ class Worker:
             if "clock" in message:  # a mark timed by this (trusted) process's own clock
                 self.clocks[str(message["clock"])] = time.perf_counter()
                 continue
+            now = time.perf_counter()
+            self.phases[self.phase] = self.phases.get(self.phase, 0.0) + now - self._phase_started
+            self._phase_started = now  # the phase goes on after this message, but not while we handle it
             if "phase" in message:
-                now = time.perf_counter()
-                self.phases[self.phase] = self.phases.get(self.phase, 0.0) + now - self._phase_started
-                self.phase, self._phase_started = str(message["phase"]), now
+                self.phase = str(message["phase"])
                 self.deadline = time.monotonic() + float(message.get("deadline_s", 60))
                 continue
             yield message

@@ -187,3 +187,37 @@ def test_a_cuda_oracle_reserves_timing_cores_by_default_and_a_cpu_one_does_not()
     assert OracleConfig(device="cuda").reserves_cores and not OracleConfig(device="cpu").reserves_cores
     assert OracleConfig(device="cpu", reserve_timing_cores=True).reserves_cores
     assert not OracleConfig(device="cuda", reserve_timing_cores=False).reserves_cores
+
+
+@needs_two_cores
+def test_the_process_that_times_runs_on_the_timing_cores_and_gets_its_cores_back(tmp_path):
+    from oracle.device_quiet import QuietDevice
+
+    plan = plan_cores()
+    quiet = QuietDevice("cuda", machine=None, build_placement=plan.for_builds, timing_placement=plan.for_timing)
+    job = {"cache": str(tmp_path), "candidate_path": "wait.py", "build_timeout_s": 60}
+    timer = Worker(build_entry, job, files={"wait.py": "import time\ntime.sleep(60)\n"})
+    try:
+        before = os.sched_getaffinity(timer.process.pid)
+        assert before == set(ALLOWED)
+        with quiet.alone(timer):
+            assert os.sched_getaffinity(timer.process.pid) == set(plan.timing)
+        assert os.sched_getaffinity(timer.process.pid) == before
+        with quiet.alone(None):  # nobody named to time: nothing moved
+            assert os.sched_getaffinity(timer.process.pid) == before
+    finally:
+        timer.close()
+
+
+def test_a_cuda_oracle_times_on_the_kept_cores_and_a_cpu_one_on_all(tmp_path):
+    from oracle.evaluate import Oracle, OracleConfig
+
+    gpu = Oracle(OracleConfig(device="cuda", cache_dir=tmp_path / "gpu"))
+    cpu = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path / "cpu", reserve_timing_cores=True))
+    try:
+        if gpu.cores.reserved:
+            assert gpu.quiet.timing_placement == gpu.cores.for_timing
+        assert cpu.quiet.timing_placement is None  # a CPU timing needs every core it may use
+    finally:
+        gpu.close()
+        cpu.close()

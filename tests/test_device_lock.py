@@ -302,6 +302,8 @@ def test_candidates_checked_together_are_timed_alone(tmp_path):
     most, crowded = oracle.quiet.lock.max_holders()
     assert not crowded
     assert any(kind == "exclusive" for _, kind, _ in oracle.quiet.lock.events)  # the baselines and the timing
+    assert oracle.standby.waiting == 2  # a worker started ahead of the next candidate, per device slot
+    oracle.close()
     assert oracle.quiet.idle  # every worker closed and forgotten
 
 

@@ -1,0 +1,114 @@
+"""Workers started ahead of their candidates (oracle.standby): taken by the next candidate, replaced behind
+it, never reused, stopped while something is timed, and closed with the oracle."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from oracle import Oracle, OracleConfig
+from oracle.timing import TimingParams
+from tasks import Selection, load_tasks
+
+FAST = TimingParams(warmup_calls=1, min_calls=3, max_calls=5, target_s=0.05, wall_calls=3)
+
+# Right for builtin/1_LeakyReLU_Scale; writes the pid of the process it runs in.
+PID_WRITER = '''
+import os
+import torch
+import torch.nn as nn
+
+open({path!r}, "w").write(str(os.getpid()))
+
+class ModelNew(nn.Module):
+    def __init__(self, *args):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.where(x >= 0, x, x * negative_slope) * scale
+'''
+
+
+@pytest.fixture()
+def oracle(tmp_path):
+    o = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path / "cache", allow_torch=True, timing=FAST))
+    yield o
+    o.close()
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_tasks("builtin", Selection(task_ids=frozenset({"builtin/1_LeakyReLU_Scale"})), 8).tasks[0]
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _waiting_pid(oracle: Oracle) -> int:
+    assert oracle.standby.waiting == 1
+    return oracle.standby._ready[0][0].process.pid
+
+
+def test_a_candidate_runs_in_the_worker_started_ahead_of_it_and_another_starts_behind(oracle, task, tmp_path):
+    first = oracle.evaluate(task, PID_WRITER.format(path=str(tmp_path / "first")), "torch")
+    assert first.status == "correct", first.message
+    ready = _waiting_pid(oracle)  # started while the first candidate was judged
+    second = oracle.evaluate(task, PID_WRITER.format(path=str(tmp_path / "second")), "torch")
+    assert second.status == "correct", second.message
+    assert int((tmp_path / "second").read_text()) == ready
+    assert int((tmp_path / "first").read_text()) != ready
+    assert _waiting_pid(oracle) not in (ready, int((tmp_path / "first").read_text()))  # never reused
+
+
+def test_a_waiting_worker_that_died_is_passed_over(oracle, task, tmp_path):
+    oracle.evaluate(task, PID_WRITER.format(path=str(tmp_path / "first")), "torch")
+    dead = _waiting_pid(oracle)
+    os.kill(dead, 9)
+    deadline = time.monotonic() + 30
+    while oracle.standby._ready[0][0].process.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    v = oracle.evaluate(task, PID_WRITER.format(path=str(tmp_path / "second")), "torch")
+    assert v.status == "correct", v.message
+    assert int((tmp_path / "second").read_text()) != dead
+    assert oracle.standby.waiting == 1
+
+
+def test_waiting_workers_are_stopped_while_something_is_timed_and_closed_with_the_oracle(oracle, task, tmp_path):
+    oracle.evaluate(task, PID_WRITER.format(path=str(tmp_path / "first")), "torch")
+    ready = _waiting_pid(oracle)
+    with oracle.alone():
+        deadline = time.monotonic() + 30  # a stop takes effect when the process next runs
+        while _state(ready) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _state(ready) == "T"
+    assert _state(ready) != "T"
+    oracle.close()
+    assert oracle.standby.waiting == 0 and oracle.quiet.idle
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{ready}") and _state(ready) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not os.path.exists(f"/proc/{ready}") or _state(ready) == "Z"
+
+
+def test_a_candidate_that_needs_its_own_environment_gets_a_fresh_worker(oracle, task, tmp_path):
+    oracle.standby.fill()
+    ready = _waiting_pid(oracle)
+    worker = oracle.standby.take({"device": "cpu"}, {}, env={"TRITON_INTERPRET": "1"})
+    try:
+        assert worker.process.pid != ready and _waiting_pid(oracle) == ready
+    finally:
+        worker.close()
+
+
+def test_no_workers_wait_when_the_oracle_is_told_to_keep_none(task, tmp_path):
+    o = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path / "cache", allow_torch=True, timing=FAST, standby_workers=0))
+    try:
+        v = o.evaluate(task, PID_WRITER.format(path=str(tmp_path / "first")), "torch")
+        assert v.status == "correct", v.message
+        assert o.standby.waiting == 0
+    finally:
+        o.close()
