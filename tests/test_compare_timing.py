@@ -60,3 +60,59 @@ def test_cpu_timing_median_is_close_to_the_truth():
                    TimingParams(warmup_calls=1, min_calls=10, max_calls=10, target_s=0, wall_calls=5))
     assert t.calls == 10 and t.rotate_sets == 2
     assert 4.5 <= t.median_ms <= 15 and 4.5 <= t.wall_ms <= 20
+
+
+def test_cpu_baselines_hold_their_last_outputs_as_a_candidates_timing_does():
+    """A candidate's timing holds its last n_sets + 1 outputs (to catch a reused one); on a CPU, memory held
+    cannot be handed out again and fresh pages fault, so the baselines are timed holding theirs too."""
+    import weakref
+
+    from oracle.timing import held_like_a_candidate
+
+    outputs: list[weakref.ref] = []
+
+    def fn(x):
+        out = x * 2
+        outputs.append(weakref.ref(out))
+        return out
+
+    sets = [[torch.randn(8)] for _ in range(4)]
+    keep = held_like_a_candidate("cpu", len(sets))
+    time_calls(fn, sets, "cpu", TimingParams(warmup_calls=1, min_calls=10, max_calls=10, wall_calls=5), keep=keep)
+    assert sum(r() is not None for r in outputs) == len(sets) + 1  # the last five, while `keep` lives
+    assert held_like_a_candidate("cuda", 4) is None  # the caching allocator makes holding free there
+
+
+def test_the_reference_process_times_eager_holding_its_outputs(tmp_path):
+    """Through the real reference process: eager PyTorch is timed with its last outputs held, so no output's
+    memory is handed out again within five calls (without holding, the allocator reuses it at once)."""
+    from oracle import Oracle, OracleConfig
+    from tasks.model import Task
+
+    seen = tmp_path / "addresses.txt"
+    code = f'''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        out = x * 2
+        with open({str(seen)!r}, "a") as f:
+            f.write(str(out.data_ptr()) + chr(10))
+        return out
+
+def get_inputs():
+    return [torch.randn(64)]
+
+def get_init_inputs():
+    return []
+'''
+    task = Task(id="builtin/held", level=None, problem_id=None, name="held", code=code, origin="test", sizes={})
+    oracle = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path / "cache", allow_torch=True,
+                                 timing=TimingParams(warmup_calls=1, min_calls=20, max_calls=20, wall_calls=10)))
+    try:
+        oracle.references.get(task)  # prepares the reference, then times eager: the last calls made
+    finally:
+        oracle.close()
+    last = [int(line) for line in seen.read_text().split()][-25:]  # the timed calls and the clocked block
+    assert all(len(set(last[i:i + 5])) == 5 for i in range(len(last) - 4)), last
