@@ -115,13 +115,44 @@ def test_hostile_descriptors_are_refused(tmp_path):
         import_tensor(linked, tmp_path)
 
 
-def _exact(out, ref):
+def _exact(out, ref, correction=None, scale=None):
     from oracle import compare as module
-    quick, module._clear_pass = module._clear_pass, lambda o, r: None
+    quick, module._clear_pass = module._clear_pass, lambda *args: None
     try:
-        return module.compare(out, ref)
+        return module.compare(out, ref, correction=correction, scale=scale)
     finally:
         module._clear_pass = quick
+
+
+def _same_figures(quick, exact):
+    assert quick.ok == exact.ok and quick.passes == exact.passes
+    q, e = quick.figures, exact.figures
+    assert q.max_abs == pytest.approx(e.max_abs) and q.max_rel == pytest.approx(e.max_rel)
+    for name in (q.rel_l2_64, e.rel_l2_64), (q.ref32_rel_l2_64, e.ref32_rel_l2_64):
+        assert (name[0] is None) == (name[1] is None) and (name[0] is None or name[0] == pytest.approx(name[1], rel=1e-4))
+    assert set(q.over_bound) == set(e.over_bound)
+    for policy in e.over_bound:
+        assert q.over_bound[policy] == pytest.approx(e.over_bound[policy], rel=1e-4, abs=1e-12)
+
+
+def test_the_quick_comparison_gives_the_exact_numeric_figures_for_a_clear_pass():
+    """With a float64 reference: a matmul summed in another order passes `numeric` clearly, on both paths."""
+    from oracle.compare import _clear_pass, compare
+    from oracle.tolerance import Float64Scale
+
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(64, 512, generator=g), torch.randn(512, 32, generator=g)
+    ref = a @ b
+    ref64 = a.double() @ b.double()
+    correction = (ref64 - ref.double()).float()
+    scale = Float64Scale(float(torch.linalg.vector_norm(ref64 - ref.double()) / torch.linalg.vector_norm(ref64)),
+                         float((ref64 - ref.double()).abs().max() / ref64.abs().max()))
+    out = (a.double().flip(1) @ b.double().flip(0)).float()  # another summation order, rounded to float32
+    assert _clear_pass(out, ref, correction, scale) is not None
+    _same_figures(compare(out, ref, correction=correction, scale=scale), _exact(out, ref, correction, scale))
+    lower = out.bfloat16().float()  # lower precision: numeric fails, so the exact path decides
+    assert _clear_pass(lower, ref, correction, scale) is None
+    assert compare(lower, ref, correction=correction, scale=scale).passes == _exact(lower, ref, correction, scale).passes
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -133,11 +164,8 @@ def test_the_quick_comparison_gives_the_exact_figures_for_a_clear_pass(dtype):
     out = (ref.float() * (1 + 1e-6 * torch.randn(4096, generator=g))).to(dtype)
     assert _clear_pass(out, ref) is not None  # taken: finite and far within every bound
     quick, exact = compare(out, ref), _exact(out, ref)
-    assert quick.ok and quick.passes == exact.passes
-    assert quick.figures.max_abs == pytest.approx(exact.figures.max_abs)
-    assert quick.figures.max_rel == pytest.approx(exact.figures.max_rel)
-    for policy in exact.figures.over_bound:
-        assert quick.figures.over_bound[policy] == pytest.approx(exact.figures.over_bound[policy], rel=1e-5, abs=1e-12)
+    assert quick.ok
+    _same_figures(quick, exact)
 
 
 @pytest.mark.parametrize("case", ["near_bound", "over_bound", "nan", "inf_in_both", "tiny_values"])
