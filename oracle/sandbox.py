@@ -432,9 +432,26 @@ def _run_entry(entry: Callable[[Connection, str], None], conn: Connection, job_d
         _drop_root_privileges()
     except BaseException:  # noqa: BLE001 - never let the drop stop a worker
         pass
+    _become_subreaper()
     entry(conn, job_dir)
     conn.close()
-    os._exit(0)  # skip interpreter teardown: a candidate's atexit hooks and threads must not delay or alter the end
+    # Wait to be killed (`Worker.close`) rather than exit: while this process lives, everything the candidate
+    # started is below it in the process tree, and `close` finds it there. A child that is between its fork
+    # and an exec shows neither the marker (its /proc environ is the fork server's) nor, once it left the
+    # folder, the folder: had this worker exited, such a child would escape to init unseen.
+    while True:
+        signal.pause()  # no interpreter teardown either: a candidate's atexit hooks never run
+
+
+def _become_subreaper() -> None:
+    """Linux: processes orphaned below this worker (a daemon's double fork) are re-parented to it, not to
+    init, so they stay in its tree for `Worker.close` to find."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
 
 
 def run_to_result(worker: Worker, close: bool = True) -> WorkerOutcome:
