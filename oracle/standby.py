@@ -38,8 +38,12 @@ class StandbyWorkers:
         one started now; either way the pool is filled again behind it."""
         worker = self._ready_one() if env is None else None
         if worker is not None:
-            worker.assign(job, files)
-        else:
+            try:
+                worker.assign(job, files)
+            except OSError:  # its set-up failed and it closed its end of the pipe: start one the ordinary way
+                worker.close()
+                worker = None
+        if worker is None:
             worker = Worker(candidate_entry, job, files, env=env)
         self.fill()
         return worker

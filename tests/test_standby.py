@@ -112,3 +112,25 @@ def test_no_workers_wait_when_the_oracle_is_told_to_keep_none(task, tmp_path):
         assert o.standby.waiting == 0
     finally:
         o.close()
+
+
+def test_a_waiting_worker_whose_set_up_failed_is_replaced_by_a_fresh_start(oracle):
+    """A standby that cannot set up its device (CUDA on this CPU machine) ends its side of the pipe and waits
+    to be killed; the candidate that would have taken it gets a worker started the ordinary way."""
+    from oracle.standby import StandbyWorkers
+
+    pool = StandbyWorkers("cuda", 1, oracle.quiet.running)
+    try:
+        pool.fill()
+        failing = pool._ready[0][0]
+        deadline = time.monotonic() + 60
+        while not failing.conn.poll(0) and time.monotonic() < deadline:  # its set-up failed: its pipe ends
+            time.sleep(0.01)
+        assert failing.conn.poll(0)
+        worker = pool.take({"device": "cpu"}, {})
+        try:
+            assert worker.process.pid != failing.process.pid
+        finally:
+            worker.close()
+    finally:
+        pool.close()
