@@ -167,7 +167,7 @@ def _seeded_inputs(module: TaskModule, seed: int, device: str) -> list[Any]:
 def _reference_model(module: TaskModule, init_seed: int, device: str) -> torch.nn.Module:
     """The task's model, its parameters made on the device itself: a 32768 x 32768 linear layer takes
     seconds to initialise on the host and milliseconds on a GPU. Seeded, so every process that makes it on
-    the device gets the same values (the candidate's worker copies them, `_candidate_model`)."""
+    the device gets the same values (the candidate's worker copies them, `_run_candidate`)."""
     return _made_on(device, init_seed, module.make_model)
 
 
