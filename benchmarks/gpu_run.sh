@@ -15,11 +15,11 @@ step_command() {
   case $1 in
     smoke) echo "python3 -m pytest -q -m gpu -x tests/test_oracle_gpu.py -k trusted_side > $out/smoke.log 2>&1" ;;
     # the run folder under \$OUT: a run cut short still brings its samples back
-    throughput) echo "python3 benchmarks/throughput.py --ours --work $work --run-dir $out/throughput-run --out $out/throughput.json > $out/throughput.log 2>&1" ;;
+    throughput) echo "python3 benchmarks/throughput.py --ours --work $work --run-dir $work/throughput-run --out $out/throughput.json > $out/throughput.log 2>&1" ;;
     tests) echo "python3 -m pytest -q -m gpu tests > $out/tests.log 2>&1" ;;
     peer) echo "python3 benchmarks/throughput.py --peer ${PEER_N:-32} --work /tmp/ks-peer --out $out/peer.json > $out/peer.log 2>&1" ;;
     demo) echo "rm -rf /tmp/ks-demo-cache; KERNELSEARCH_CACHE=/tmp/ks-demo-cache KERNELSEARCH_PCH=/tmp/ks-demo-cache/pch \
-          /usr/bin/time -f 'demo wall %e s' python3 -m search.cli demo --device cuda > $out/demo.log 2>&1" ;;
+          /usr/bin/time -f 'demo wall %e s' python3 -m search.cli demo --device cuda --out $work/demo-run > $out/demo.log 2>&1" ;;
     profiling) echo "python3 -c \"import json, pathlib; c = pathlib.Path('benchmarks/candidates');
 print(''.join(json.dumps({'task': t, 'completion': (c / t / 'correct.py').read_text()}) + chr(10)
                for t in ('level1/19_ReLU', 'level2/12_Gemm_Multiply_LeakyReLU')), end='')\" > $work/profiling.jsonl &&
@@ -31,17 +31,38 @@ print(''.join(json.dumps({'task': t, 'completion': (c / t / 'correct.py').read_t
   esac
 }
 
+# A step cut short: what every process was doing (state, wait channel) and, through `kill -USR1`, the Python
+# stacks of the oracle actor and its workers (faulthandler), in one file.
+diagnose() {
+  local file=$out/$1.stuck.txt
+  { date +%T; ps -eo pid,ppid,pgid,stat,etimes,pcpu,rss,wchan:28,args --sort=pid | cut -c1-260; } > "$file" 2>&1
+  for pid in $(pgrep -f 'OracleActor|forkserver|multiprocessing'); do kill -USR1 "$pid" 2>/dev/null; done
+  sleep 3
+  for f in /tmp/ray/session_latest/logs/worker-*.err /tmp/ks-worker-*/stderr.txt; do
+    grep -q 'Thread 0x\|Current thread' "$f" 2>/dev/null && { echo "==== $f"; tail -n 400 "$f"; }
+  done >> "$file" 2>&1
+}
+
+# Run folders travel as one archive each (few files come back from a device call).
+pack() {
+  for d in "$work"/*-run; do
+    [ -d "$d" ] || continue; n=$(basename "$d")
+    (cd "$work" && tar -czf "$out/$n.tgz" "$n" $(ls -d "$n.started" 2>/dev/null))
+  done
+}
+
 for item in ${*:-smoke throughput tests}; do
   step=${item%%:*}; seconds=${item#*:}; [ "$seconds" = "$item" ] && seconds=540
   command=$(step_command "$step") || { echo "unknown step: $step"; continue; }
   echo "== $step (at most $seconds s) $(date +%T)"
   setsid bash -c "$command" &
   leader=$!
-  ( sleep "$seconds"; kill -TERM -- "-$leader" 2>/dev/null; sleep 5; kill -KILL -- "-$leader" 2>/dev/null ) &
+  ( sleep "$seconds"; diagnose "$step"; kill -TERM -- "-$leader" 2>/dev/null; sleep 5; kill -KILL -- "-$leader" 2>/dev/null ) &
   watchdog=$!
   wait "$leader"; echo "   exit $?"
   kill "$watchdog" 2>/dev/null; wait "$watchdog" 2>/dev/null
   kill -KILL -- "-$leader" 2>/dev/null  # whatever the step left behind
   tail -n "${TAIL:-25}" "$out/$step.log" 2>/dev/null || ls "$out"
 done
+pack
 echo "== done $(date +%T)"

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import os
+import signal
 import time
 from typing import Any
 
@@ -24,6 +26,7 @@ from tasks.model import Task
 @ray.remote(max_restarts=-1, max_task_retries=0)
 class OracleActor:
     def __init__(self, config: OracleConfig, build_slots: int, gate: Any = None, gate_key: str | None = None) -> None:
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)  # kill -USR1: the threads' stacks, to its log
         self.oracle = Oracle(config)
         self.gate, self.gate_key = gate, gate_key  # optional: pause generation on a shared GPU while timing
         self.holder = ray.get_runtime_context().get_actor_id()

@@ -37,7 +37,8 @@ class QuietDevice:
         self._workers: set[Worker] = set()  # stopped while another is timed, on every device
         self._builders: set[Worker] = set()  # stopped while anything is timed, on a CPU
         self._header_makers: list[subprocess.Popen] = []
-        self._held_alone = False  # a timing holds the device now: a compiler starting meanwhile starts stopped
+        # a timing holds the device now: a worker (or, on a CPU, a compiler) registered meanwhile starts stopped
+        self._held_alone = False
         self._stopped_late: list[int] = []
         self._guard = threading.Lock()
 
@@ -51,7 +52,7 @@ class QuietDevice:
                 if self.stop_compilers:
                     self._header_makers = [m for m in self._header_makers if m.poll() is None]
                     others += [w.process.pid for w in self._builders] + [m.pid for m in self._header_makers]
-                    self._held_alone = True
+                self._held_alone = True
                 signal_trees(others, signal.SIGSTOP)
             try:
                 yield
@@ -83,9 +84,14 @@ class QuietDevice:
 
     @contextlib.contextmanager
     def running(self, worker: Worker) -> Iterator[None]:
-        """`worker` may put work on the device: it is stopped while another timing holds the device."""
+        """`worker` may put work on the device: it is stopped while another timing holds the device, also
+        when it is registered during one (a standby worker started then would set up the device and the
+        profiler beside the timing)."""
         with self._guard:
             self._workers.add(worker)
+            if self._held_alone:
+                signal_trees([worker.process.pid], signal.SIGSTOP)
+                self._stopped_late.append(worker.process.pid)
         try:
             yield
         finally:

@@ -9,6 +9,7 @@ evaluation ends, the whole group is killed, compiler and stray children included
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import multiprocessing
 import multiprocessing.spawn as mp_spawn
@@ -433,6 +434,7 @@ def _run_entry(entry: Callable[[Connection, str], None], conn: Connection, job_d
     except BaseException:  # noqa: BLE001 - never let the drop stop a worker
         pass
     _become_subreaper()
+    _stacks_on_request()
     entry(conn, job_dir)
     conn.close()
     # Wait to be killed (`Worker.close`) rather than exit: while this process lives, everything the candidate
@@ -441,6 +443,12 @@ def _run_entry(entry: Callable[[Connection, str], None], conn: Connection, job_d
     # folder, the folder: had this worker exited, such a child would escape to init unseen.
     while True:
         signal.pause()  # no interpreter teardown either: a candidate's atexit hooks never run
+
+
+def _stacks_on_request() -> None:
+    """`kill -USR1 PID` writes every thread's Python stack to the worker's stderr (its folder's stderr.txt
+    once the entry redirected it): what a worker that stopped answering is waiting for."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
 
 def _become_subreaper() -> None:

@@ -94,6 +94,20 @@ def test_waiting_workers_are_stopped_while_something_is_timed_and_closed_with_th
     assert not os.path.exists(f"/proc/{ready}") or _state(ready) == "Z"
 
 
+def test_a_worker_started_while_something_is_timed_starts_stopped(oracle, task, tmp_path):
+    with oracle.alone():
+        oracle.standby.fill()  # as a candidate's check_and_time does, beside another's timing
+        started = _waiting_pid(oracle)
+        deadline = time.monotonic() + 30
+        while _state(started) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _state(started) == "T"
+    assert _state(started) != "T"
+    v = oracle.evaluate(task, PID_WRITER.format(path=str(tmp_path / "first")), "torch")
+    assert v.status == "correct", v.message
+    assert int((tmp_path / "first").read_text()) == started
+
+
 def test_a_candidate_that_needs_its_own_environment_gets_a_fresh_worker(oracle, task, tmp_path):
     oracle.standby.fill()
     ready = _waiting_pid(oracle)
