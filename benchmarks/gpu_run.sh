@@ -2,7 +2,7 @@
 # One device call: several benchmark steps, each within its own time budget. Logs under $OUT (or
 # /tmp/ks-out), each written whole as it goes, so that a step cut short keeps what it printed.
 # Usage: benchmarks/gpu_run.sh STEP[:SECONDS]...   e.g. benchmarks/gpu_run.sh tolerance:200 throughput:250
-# Steps: smoke, throughput, tests, peer, demo, profiling, fidelity, tolerance (default: smoke throughput tests).
+# TESTS: the tests step's paths or node ids (default: tests). Steps: smoke, throughput, tests, peer, demo, profiling, fidelity, tolerance (default: smoke throughput tests).
 # A step past its seconds is stopped with everything it started (its own process group): nothing of it
 # runs on beside the next step.
 set -u
@@ -16,7 +16,7 @@ step_command() {
     smoke) echo "python3 -m pytest -q -m gpu -x tests/test_oracle_gpu.py -k trusted_side > $out/smoke.log 2>&1" ;;
     # the run folder under \$OUT: a run cut short still brings its samples back
     throughput) echo "python3 benchmarks/throughput.py --ours --work $work --run-dir $work/throughput-run --out $out/throughput.json > $out/throughput.log 2>&1" ;;
-    tests) echo "python3 -m pytest -q -m gpu tests > $out/tests.log 2>&1" ;;
+    tests) echo "python3 -m pytest -q -rfE -m gpu ${TESTS:-tests} > $out/tests.log 2>&1" ;;
     peer) echo "python3 benchmarks/throughput.py --peer ${PEER_N:-32} --work /tmp/ks-peer --out $out/peer.json > $out/peer.log 2>&1" ;;
     demo) echo "rm -rf /tmp/ks-demo-cache; KERNELSEARCH_CACHE=/tmp/ks-demo-cache KERNELSEARCH_PCH=/tmp/ks-demo-cache/pch \
           /usr/bin/time -f 'demo wall %e s' python3 -m search.cli demo --device cuda --out $work/demo-run > $out/demo.log 2>&1" ;;

@@ -300,6 +300,23 @@ class _CandidateRun:
         self.failed: str | None = None
         self.spent = _Spent({})
         self.segments: _Segments | None = None
+        self.block: int | None = None  # calls in the block this process clocks, once the worker's timing ended
+
+    def _block_size(self, measured: Any) -> int:
+        """Calls in the clocked block: enough for about 20 ms at the faster of eager and the candidate's own
+        reported time. The report is the candidate's, so it can only shorten the block, never its check: a
+        candidate that claims less than it takes gets a longer block (at most eager's), clocked here."""
+        by_eager = self._eager_block()
+        try:
+            ms = float(measured)
+        except (TypeError, ValueError):
+            return by_eager
+        if not ms > 0:
+            return by_eager
+        return min(by_eager, block_calls(ms, self.oracle.config.timing.wall_calls))
+
+    def _eager_block(self) -> int:
+        return block_calls((self.reference.eager or {}).get("median_ms"), self.oracle.config.timing.wall_calls)
 
     def _verdict(self, status: str, message: str, **fields: Any) -> Verdict:
         verdict = self.oracle._verdict(self.task, status, message, **{**self.base, **fields})
@@ -387,10 +404,11 @@ class _CandidateRun:
         if not any(kind == "timed" for kind, _ in self.compared) or not any(kind == "block" for kind, _ in self.compared):
             return self._verdict("incorrect", "the outputs of the timed calls are missing", verify_s=verify_s)
         timing = dict(result["timing"])
-        external = _external_ms(self.worker.clocks, job.block_calls)
+        external = _external_ms(self.worker.clocks, self.block or 0)
         if external is None:
             return self._verdict("rejected", "the timing block the oracle clocks itself did not run", verify_s=verify_s)
         timing["external_ms"] = external
+        timing["block_calls"] = self.block
         flags = ["constant_reference"] if self.reference.prepared.constant else []  # e.g. a ReLU after a shift
         fields = judge.score(timing, self.reference.eager, self.reference.prepared.floor, flags, checked.kernel_ms)
         fields.setdefault("timing", {})["worker_phases"] = {k: round(v, 4) for k, v in self.worker.phases.items()}
@@ -436,6 +454,9 @@ class _CandidateRun:
                 if self.segments is not None:
                     self.segments.between()  # the worker waits for `go`: a waiting timing may go first
                 self.worker.send(cmd="go")
+            elif "measured" in message and wanted == "result" and self.block is None:
+                self.block = self._block_size(message["measured"])
+                self.worker.send(cmd="block", calls=self.block)
             elif "checked" in message and wanted == "checked":
                 try:
                     return Checked.from_json(message["checked"])
@@ -455,7 +476,7 @@ class _CandidateRun:
             cache=str(oracle.builds.root), gpu_arch=oracle.gpu_arch, candidate_path="candidate.py",
             pch=str(oracle.pch) if oracle.pch else None, backend=self.candidate.backend,
             import_timeout_s=c.import_timeout_s, call_timeout_s=c.call_timeout_s, time_timeout_s=c.time_timeout_s,
-            threads=oracle.threads, block_calls=block_calls((ref.eager or {}).get("median_ms"), c.timing.wall_calls),
+            threads=oracle.threads,
             # Per file (stderr, CPU output files): room for the outputs, not for filling the disk.
             max_file_bytes=max(MIN_FILE_CAP, 4 * ref.prepared.output_bytes),
             share_dir=str(self.share_dir) if self.share_dir else None)

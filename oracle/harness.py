@@ -533,8 +533,15 @@ def _run_candidate(conn: Connection, job: CandidateJob, warming: threading.Threa
         params = timing.TimingParams(**job.timing)
         keeper = _Keeper(len(sets))
         result = timing.time_calls(models[0], sets, device, params, keep=keeper)
+        # The trusted side sizes the clocked block from this time and eager's, and says how many calls
+        # to make: a block sized from eager alone took minutes for a kernel 1000x slower than eager.
+        send(conn, measured=result.median_ms)
+        command = receive(conn)
+        if command.get("cmd") != "block":
+            return WorkerResult("checked")
+        send(conn, phase="timing block", deadline_s=job.time_timeout_s)
         keeper.in_block = True
-        _clocked_block(conn, models[0], sets, device, job.block_calls or params.wall_calls, keep=keeper)
+        _clocked_block(conn, models[0], sets, device, max(1, int(command.get("calls", 1))), keep=keeper)
         timing.sync(device)
         if keeper.repeated:
             return WorkerResult("rejected", "forward returned the same output memory in two timed calls "

@@ -104,7 +104,6 @@ class CandidateJob(Record):
     call_timeout_s: float
     time_timeout_s: float
     threads: int
-    block_calls: int
     max_file_bytes: int
     share_dir: str | None  # CPU: where outputs are written for the trusted side (a memory-backed folder)
 

@@ -148,3 +148,29 @@ def test_a_waiting_worker_whose_set_up_failed_is_replaced_by_a_fresh_start(oracl
             worker.close()
     finally:
         pool.close()
+
+
+SLOW = '''
+import time
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def __init__(self, *args):
+        super().__init__()
+
+    def forward(self, x):
+        time.sleep(0.05)  # far slower than eager
+        return torch.where(x >= 0, x, x * negative_slope) * scale
+'''
+
+
+def test_the_clocked_block_of_a_kernel_slower_than_eager_is_sized_by_its_own_time(oracle, task):
+    """Sized from eager alone, the block of a kernel 1000x slower than eager held the device for minutes."""
+    v = oracle.evaluate(task, SLOW, "torch")
+    assert v.status == "correct", v.message
+    from oracle.timing import block_calls
+    by_eager = block_calls(v.eager_ms, FAST.wall_calls)
+    assert by_eager > FAST.wall_calls  # eager alone would have asked for more calls
+    assert v.timing["candidate"]["block_calls"] == FAST.wall_calls
+    assert v.timing["candidate"]["external_ms"] >= 50.0
