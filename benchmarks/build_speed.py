@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
 from oracle import Oracle, OracleConfig  # noqa: E402
-from oracle.build import lighten_cuda_sources  # noqa: E402
+from oracle.build import LITE_PRELUDE, lighten_cuda_sources  # noqa: E402
 from oracle.candidate import Candidate  # noqa: E402
 from oracle.pch import make_header, spec_for  # noqa: E402
 
@@ -89,11 +89,12 @@ def oracle_build(text: str, device: str, backend: str, pch: Path) -> tuple[float
         outcome = oracle.build(Candidate.make("bench", text, backend))
         if not outcome.ok:
             raise RuntimeError(f"oracle build failed: {outcome.message[:300]}")
-        return outcome.build_s, ninja_steps(Path(tmp)), {"pch": outcome.pch_used, "light": outcome.light_include}
+        return outcome.build_s, ninja_steps(Path(tmp)), {"pch": outcome.pch_used, "cuda_header": outcome.cuda_header}
 
 
 def nvcc_phases(text: str, extra_includes: list[str]) -> list[tuple[str, dict[str, float]]]:
-    """`nvcc --time` per pass, compiling the candidate's CUDA source as written and with torch/types.h."""
+    """`nvcc --time` per pass, compiling the candidate's CUDA source as written, with torch/types.h, and with
+    the `lite` header (and without load_inline's torch/types.h, as a build's first rung compiles it)."""
     import sysconfig
 
     import torch.utils.cpp_extension as cpp
@@ -102,9 +103,11 @@ def nvcc_phases(text: str, extra_includes: list[str]) -> list[tuple[str, dict[st
                    if "__global__" in m.group(1) and "#include <torch/extension.h>" in m.group(1)), None)
     if not source or not shutil.which("nvcc"):
         return []
-    light = lighten_cuda_sources([source.group(1)])
+    light = lighten_cuda_sources([source.group(1)], "types")
+    lite = lighten_cuda_sources([source.group(1)], "lite")
     rows = []
-    for label, code in (("torch/extension.h", source.group(1)), ("torch/types.h", light[0] if light else None)):
+    for label, code in (("torch/extension.h", source.group(1)), ("torch/types.h", light[0] if light else None),
+                        ("lite", LITE_PRELUDE + "\n" + lite[0] if lite else None)):
         if code is None:
             continue
         with tempfile.TemporaryDirectory() as tmp:
@@ -131,6 +134,7 @@ def main() -> None:
     ap.add_argument("--backend", choices=["cpp", "cuda"], default=None, help="default: cuda with a GPU, else cpp")
     ap.add_argument("--limit", type=int, default=None, help="at most this many candidates")
     ap.add_argument("--nvcc-phases", action="store_true")
+    ap.add_argument("--nvcc-candidates", type=int, default=1, help="how many CUDA candidates --nvcc-phases compiles")
     ap.add_argument("--nvcc-include", action="append", default=[],
                     help="an extra include folder for --nvcc-phases (a toolkit without cuSPARSE/cuBLAS headers)")
     ap.add_argument("--pch-dir", type=Path, default=None, help="default: a fresh folder (the one-time cost is shown)")
@@ -144,15 +148,24 @@ def main() -> None:
     print(f"{len(files)} {backend} candidates, device {device}, torch {torch.__version__}, {os.cpu_count()} cores", flush=True)
     report: dict = {"backend": backend, "device": device, "torch": torch.__version__, "cores": os.cpu_count(), "rows": []}
 
-    if args.nvcc_phases:  # the first CUDA candidate whose source compiles here as written
-        for name, text in candidates("cuda", None)[:5]:
+    if args.nvcc_phases:  # the first CUDA candidates whose sources compile here as written
+        done = 0
+        for name, text in candidates("cuda", None):
+            if done >= args.nvcc_candidates:
+                break
             rows = nvcc_phases(text, args.nvcc_include)
             if not rows or "failed" in rows[0][1]:
                 continue
+            done += 1
             for label, phases in rows:
                 print(f"nvcc passes, {name} with {label}: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()), flush=True)
                 report.setdefault("nvcc_phases", []).append({"candidate": name, "header": label, **phases})
-            break
+        totals = {label: [r["total"] for r in report.get("nvcc_phases", []) if r["header"] == label and "failed" not in r]
+                  for label in ("torch/extension.h", "torch/types.h", "lite")}
+        if all(totals.values()):
+            med = {k: statistics.median(v) for k, v in totals.items()}
+            print("nvcc total, median over %d candidates: " % done + ", ".join(f"{k} {v:.1f} s" for k, v in med.items())
+                  + f"; lite against torch/types.h x{med['torch/types.h'] / med['lite']:.2f}", flush=True)
     if not files:  # --limit 0: the nvcc passes only
         if args.out:
             args.out.write_text(json.dumps(report, indent=1))

@@ -83,7 +83,7 @@ class BuildResult(Record):
     message: str = ""
     pch_used: bool = False
     pch_wanted: list[dict[str, Any]] = field(default_factory=list)
-    light_include: bool | None = None
+    cuda_header: str | None = None
 
 
 @dataclass
@@ -175,7 +175,6 @@ class Prepared(Record):
 class TimeEager(Record):
     key: str
     timing: dict[str, Any]
-    wall_calls: int
     deadline_s: float
 
 

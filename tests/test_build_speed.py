@@ -1,5 +1,5 @@
 """The two cuts to cold build time (oracle/pch.py, oracle/build.py): a precompiled torch/extension.h for the
-C++ half, torch/types.h for CUDA sources. Fast tests of the decisions; slow ones build for real on the CPU."""
+C++ half, lighter headers for CUDA sources (the `lite` rung, then torch/types.h). Fast tests of the decisions; slow ones build for real on the CPU."""
 
 from __future__ import annotations
 
@@ -23,8 +23,11 @@ torch::Tensor run(torch::Tensor x) { auto y = torch::empty_like(x); k<<<1, 32>>>
 """
 
 
-def test_cuda_sources_get_the_lighter_header():
-    assert lighten_cuda_sources([KERNEL]) == [KERNEL.replace("<torch/extension.h>", "<torch/types.h>")]
+def test_cuda_sources_get_the_lighter_headers():
+    assert lighten_cuda_sources([KERNEL], "types") == [KERNEL.replace("<torch/extension.h>", "<torch/types.h>")]
+    lite = lighten_cuda_sources([KERNEL])[0]  # the lightest rung first
+    assert "#include <torch/extension.h>" not in lite and "#include <torch/types.h>" not in lite
+    assert "#include <ATen/core/Tensor.h>" in lite
 
 
 def test_sources_that_need_the_full_header_keep_it():
@@ -50,14 +53,23 @@ def test_choices_are_kept_with_the_built_extension(tmp_path):
     call = {"name": "x", "cuda_sources": [KERNEL], "extra_cflags": ["-O3"]}
     record = BuildRecord()
     first = _build_choices(build_dir, call, True, None, record)
-    assert first == {"light": True}
+    assert first == {"header": "lite"}
     (build_dir / "x.so").write_text("")  # built
-    (build_dir / "choices.json").write_text(json.dumps({"light": False, "pch": "/somewhere"}))
-    assert _build_choices(build_dir, call, True, None, record) == {"light": False, "pch": "/somewhere"}
-    applied = _apply_choices(call, {"light": False, "pch": "/somewhere"})
+    (build_dir / "choices.json").write_text(json.dumps({"header": "as written", "failed": ["lite", "types"], "pch": "/somewhere"}))
+    assert _build_choices(build_dir, call, True, None, record)["header"] == "as written"
+    applied = _apply_choices(call, {"header": "as written", "failed": ["lite", "types"], "pch": "/somewhere"})
     assert applied["extra_cflags"] == ["-O3", "-I/somewhere"] and applied["cuda_sources"] == [KERNEL]
-    assert applied["name"] == "x_asis"  # the as-written build has its own name
+    assert applied["name"] == "x_asis"  # a rung after a failed one has its own name
+    lite = _apply_choices(call, first)
+    assert lite["name"] == "x" and lite["no_implicit_headers"] is True  # load_inline's torch/types.h left out too
+    assert "#include <cuda_runtime.h>" in lite["cuda_sources"][0] and "ATen/core/Tensor.h" in lite["cuda_sources"][1]
+    types = _apply_choices(call, {"header": "types", "failed": ["lite"]})
+    assert types["name"] == "x_types" and types["cuda_sources"][0].startswith("#include <torch/types.h>")
+    assert "no_implicit_headers" not in types
+    # folders built before the lite rung existed keep their names and headers
     assert _apply_choices(call, {"light": True})["cuda_sources"][0].startswith("#include <torch/types.h>")
+    assert _apply_choices(call, {"light": True})["name"] == "x"
+    assert _apply_choices(call, {"light": False})["name"] == "x_asis"
 
 
 def test_a_missing_header_is_requested_not_used(tmp_path):

@@ -123,7 +123,7 @@ def _nvcc(unit: str, work: Path, name: str, includes: list[str]) -> tuple[bool, 
     return out.returncode == 0, (out.stdout + out.stderr)[-3000:]
 
 
-def _combined(sources: list[str]) -> str:
+def _combined(sources: list[str], prelude: str = PRELUDE) -> str:
     """One translation unit of many sources: includes first, each source's code in its own namespace."""
     includes: list[str] = []
     bodies: list[str] = []
@@ -134,7 +134,7 @@ def _combined(sources: list[str]) -> str:
         macros = re.findall(r"^\s*#\s*define\s+(\w+)", source, flags=re.M)
         includes += [h for h in heads if h not in includes]
         bodies.append(f"namespace ks_source_{i} {{\n" + "\n".join(body) + "\n}\n" + "".join(f"#undef {m}\n" for m in macros))
-    return PRELUDE + "\n".join(includes) + "\n" + "\n".join(bodies)
+    return prelude + "\n".join(includes) + "\n" + "\n".join(bodies)
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +159,31 @@ def compiled(tmp_path_factory) -> dict[str, tuple[bool, str]]:
             alone.update({d: pool.submit(_nvcc, PRELUDE + s, work, f"src_{d}", includes) for d, s in must_build.items()})
         results.update({d: f.result() for d, f in alone.items()})
     return results
+
+
+@pytest.fixture(scope="module")
+def compiled_lite(tmp_path_factory) -> tuple[bool, str]:
+    """Every CUDA source that must build, as a build's first header rung gives it to nvcc: the `lite` header in
+    place of torch/extension.h and load_inline's own torch/types.h left out (oracle/build.py)."""
+    if NVCC is None:
+        pytest.skip("nvcc is not on PATH")
+    from oracle.build import LITE_PRELUDE, lighten_cuda_sources
+
+    work = tmp_path_factory.mktemp("nvcc_lite")
+    includes = _include_args(Path(tempfile.mkdtemp(dir=work)))
+    lite = {}
+    for path, source in CASES:
+        lightened = lighten_cuda_sources([source], "lite")
+        if not expects_compile_error(path) and lightened is not None:
+            lite[_digest(source)] = lightened[0]
+    assert len(lite) >= 40
+    return _nvcc(_combined(list(lite.values()), LITE_PRELUDE + "\n"), work, "all_lite", includes)
+
+
+def test_every_candidate_builds_with_the_lightest_header(compiled_lite):
+    """None of the corpus pays for a fallback to torch/types.h (a failed first rung costs a front-end parse)."""
+    ok, log = compiled_lite
+    assert ok, f"a CUDA source does not compile against oracle.build.LITE_HEADER:\n{log}"
 
 
 def test_every_cuda_candidate_is_covered():
