@@ -313,10 +313,11 @@ class _CandidateRun:
             return by_eager
         if not ms > 0:
             return by_eager
-        return min(by_eager, block_calls(ms, self.oracle.config.timing.wall_calls))
+        return min(by_eager, block_calls(ms, self.oracle.config.timing.wall_block(ms)))
 
     def _eager_block(self) -> int:
-        return block_calls((self.reference.eager or {}).get("median_ms"), self.oracle.config.timing.wall_calls)
+        median = (self.reference.eager or {}).get("median_ms")
+        return block_calls(median, self.oracle.config.timing.wall_block(median or 0.0))
 
     def _verdict(self, status: str, message: str, **fields: Any) -> Verdict:
         verdict = self.oracle._verdict(self.task, status, message, **{**self.base, **fields})

@@ -301,7 +301,7 @@ class References:
         s = self.settings
         with self._alone(self.process.current), quiet():  # the reference process times: on the timing cores
             started = time.perf_counter()  # the device held alone, not the wait for it
-            timed = TimeEager(key, s.timing.__dict__, s.timing.wall_calls, s.time_timeout_s).to_json()
+            timed = TimeEager(key, s.timing.__dict__, s.time_timeout_s).to_json()
             try:
                 eager = self.process.request("time_eager", timed)
             except Missing:  # dropped to make room for another task meanwhile: made again (the device is ours)

@@ -151,7 +151,7 @@ class ReferenceState:
             sets = [_seeded_inputs(modules[0], s, self.device) for s in ref.request.timing_seeds]
             keep = timing.held_like_a_candidate(self.device, len(sets))  # as the candidate's timing holds its own
             eager = timing.time_calls(model, sets, self.device, params, keep=keep).to_json()
-            n = timing.block_calls(eager["median_ms"], request.wall_calls)
+            n = timing.block_calls(eager["median_ms"], params.wall_block(eager["median_ms"]))
             timing.sync(self.device)
             started = time.perf_counter()
             for i in range(n):

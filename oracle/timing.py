@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -29,6 +30,7 @@ _cuda_synchronize = torch.cuda.synchronize
 _tensor_zero = torch.Tensor.zero_
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # several times the H200's 60 MB L2
+WALL_BLOCK_S = 0.2  # a wall-clock block of a slow kernel is cut to about this long
 
 
 @dataclass
@@ -39,6 +41,40 @@ class TimingParams:
     target_s: float = 1.0  # stop adding calls once this much measured time is spent (past min_calls)
     wall_calls: int = 20  # calls in the wall-clock block
     flush_l2: bool = True
+    # A kernel so slow that min_calls would take longer than slow_cut_s stops there, but not below
+    # slow_min_calls: the median of a few 100-ms calls is as steady as that of twenty, and twenty such calls
+    # held the device alone for seconds while every other candidate waited.
+    slow_min_calls: int = 5
+    slow_cut_s: float = 1.0
+
+    def wants_more(self, calls: int, spent_s: float) -> bool:
+        """Whether timing goes on after `calls` calls that took `spent_s` seconds in all: at least min_calls
+        (slow_min_calls once slow_cut_s is spent), and on until target_s is spent."""
+        if calls >= self.max_calls:
+            return False
+        if calls < min(self.min_calls, self.slow_min_calls):
+            return True
+        return spent_s < self.target_s or (calls < self.min_calls and spent_s < self.slow_cut_s)
+
+    def next_batch(self, calls: int, spent_s: float) -> int:
+        """How many calls the GPU timer issues before it next reads its events: up to 10, the first
+        slow_min_calls, and later ones no more than `wants_more` will want at the time per call so far."""
+        size = min(10, self.max_calls - calls)
+        if calls == 0:
+            return max(1, min(size, self.slow_min_calls))
+        if spent_s <= 0:
+            return max(1, size)
+        per_call = spent_s / calls
+        to_target = math.ceil((self.target_s - spent_s) / per_call)
+        to_min = min(self.min_calls - calls, math.ceil((self.slow_cut_s - spent_s) / per_call))
+        return max(1, min(size, max(to_target, to_min)))
+
+    def wall_block(self, median_ms: float) -> int:
+        """Calls in a wall-clock block: `wall_calls`, or fewer (at least 3) where those would take longer than
+        WALL_BLOCK_S (the block is for overheads of microseconds, which a 100-ms call does not show anyway)."""
+        if median_ms <= 0 or median_ms * self.wall_calls <= WALL_BLOCK_S * 1e3:
+            return self.wall_calls
+        return max(min(3, self.wall_calls), math.ceil(WALL_BLOCK_S * 1e3 / median_ms))
 
 
 @dataclass
@@ -98,13 +134,14 @@ def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], devi
     q1, med, q3 = _quartiles(samples)
 
     sync(device)
+    wall_calls = params.wall_block(med)
     start = _perf_counter()
-    for i in range(params.wall_calls):
+    for i in range(wall_calls):
         out = fn(*input_sets[i % n_sets])
         if keep is not None:
             keep(i % n_sets, out)
     sync(device)
-    wall_ms = (_perf_counter() - start) * 1e3 / params.wall_calls
+    wall_ms = (_perf_counter() - start) * 1e3 / wall_calls
     return Timing(med, q1, q3, len(samples), wall_ms, n_sets)
 
 
@@ -123,7 +160,7 @@ def held_like_a_candidate(device: str, n_sets: int) -> Callable[[int, Any], None
 def _time_cpu(fn, input_sets, params: TimingParams, keep=None) -> list[float]:
     samples: list[float] = []
     spent = 0.0
-    while len(samples) < params.max_calls and (len(samples) < params.min_calls or spent < params.target_s):
+    while params.wants_more(len(samples), spent):
         inputs = input_sets[len(samples) % len(input_sets)]
         t0 = _perf_counter()
         out = fn(*inputs)
@@ -140,9 +177,9 @@ def _time_cuda(fn, input_sets, params: TimingParams, keep=None) -> list[float]:
     samples: list[float] = []
     spent_ms = 0.0
     # Calls are issued in batches so that the host never waits on each one; events are read per batch.
-    while len(samples) < params.max_calls and (len(samples) < params.min_calls or spent_ms < params.target_s * 1e3):
+    while params.wants_more(len(samples), spent_ms / 1e3):
         batch = []
-        for _ in range(min(10, params.max_calls - len(samples))):
+        for _ in range(params.next_batch(len(samples), spent_ms / 1e3)):
             index = (len(samples) + len(batch)) % len(input_sets)
             inputs = input_sets[index]
             if flush is not None:

@@ -116,3 +116,47 @@ def get_init_inputs():
         oracle.close()
     last = [int(line) for line in seen.read_text().split()][-25:]  # the timed calls and the clocked block
     assert all(len(set(last[i:i + 5])) == 5 for i in range(len(last) - 4)), last
+
+
+def test_a_kernel_slower_than_the_slow_cut_is_timed_a_few_times():
+    """Twenty calls of a 300-ms kernel, and twenty more for the wall-clock block, held the device alone for
+    twelve seconds while every other candidate waited: past slow_cut_s a few calls do."""
+    calls = []
+
+    def slow(x):
+        calls.append(1)
+        time.sleep(0.3)
+        return x
+
+    params = TimingParams(warmup_calls=1, min_calls=20, max_calls=300, target_s=0.5, wall_calls=20, slow_cut_s=1.0)
+    t = time_calls(slow, [[torch.zeros(1)]], "cpu", params)
+    assert t.calls == params.slow_min_calls  # 1.2 s spent after 4 calls; at least slow_min_calls
+    assert len(calls) == 1 + t.calls + 3  # warm-up, timed calls, a wall-clock block of 3 (not 20)
+    assert 280 <= t.median_ms <= 900
+
+
+def test_the_slow_cut_leaves_fast_kernels_their_min_calls():
+    params = TimingParams(warmup_calls=0, min_calls=20, max_calls=300, target_s=0.0, wall_calls=5)
+    t = time_calls(lambda x: x, [[torch.zeros(1)]], "cpu", params)
+    assert t.calls == 20
+    default = TimingParams()  # 20 calls in a wall-clock block, cut to about 0.2 s
+    assert default.wall_block(0.01) == 20 and default.wall_block(10.0) == 20
+    assert default.wall_block(20.0) == 10 and default.wall_block(100.0) == 3
+
+
+def test_the_gpu_timer_issues_no_batch_past_what_the_slow_cut_wants():
+    p = TimingParams()  # min_calls 20, target 1 s, slow cut 1 s, at least 5
+    assert p.next_batch(0, 0.0) == 5
+    assert p.next_batch(5, 5 * 0.000_05) == 10  # a 50-us kernel: full batches
+    assert p.next_batch(5, 5 * 0.158) == 2  # a 158-ms kernel: two more calls reach the cut
+    assert not p.wants_more(7, 7 * 0.158)
+    calls, spent = 0, 0.0  # the whole loop, at 158 ms a call
+    while p.wants_more(calls, spent):
+        n = p.next_batch(calls, spent)
+        calls, spent = calls + n, spent + n * 0.158
+    assert calls == 7
+    calls, spent = 0, 0.0  # and at 0.2 ms a call: min_calls, then on to target_s
+    while p.wants_more(calls, spent):
+        n = p.next_batch(calls, spent)
+        calls, spent = calls + n, spent + n * 0.0002
+    assert calls == p.max_calls
