@@ -25,11 +25,16 @@ class Storm:
     again as each ends, until stopped. `handling`: what is done about them while kernelsearch times:
     `asis`, whatever the oracle itself does; `stop`, they are stopped (SIGSTOP, with all they started)
     for every timing; `reserve`, they are confined to the cores `oracle.cores.plan_cores()` leaves to
-    builds, at its lower priority, and the candidate workers are put on its timing cores for the timing."""
+    builds, at its lower priority, and the candidate workers are put on its timing cores for the timing;
+    `unplaced`, as the oracle does, except that the process that times stays where it was instead of
+    moving onto the kept timing cores (the oracle's `timing_placement` off for the pass)."""
 
     def __init__(self, oracle: Oracle, task: Task, source: str, n: int, handling: str = "asis") -> None:
         self.oracle, self.task, self.source, self.n, self.handling = oracle, task, source, n, handling
         self.plan = plan_cores() if handling == "reserve" else None
+        self._placement = oracle.quiet.timing_placement
+        if handling == "unplaced":
+            oracle.quiet.timing_placement = None
         self.stopping = threading.Event()
         self.paused = threading.Event()  # `stop`: no build starts while a timing runs
         self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(n)]
@@ -141,6 +146,7 @@ class Storm:
         """Stop starting builds and kill the ones running (their results are not wanted)."""
         self.stopping.set()
         self.stopped_at = time.monotonic()
+        self.oracle.quiet.timing_placement = self._placement
         for _ in range(50):
             for worker in list(self.oracle.quiet._builders):
                 worker.close()

@@ -31,7 +31,9 @@ timings within 2% of each other. Besides the candidates:
 
 Rows print as they finish; a short table ends the run. `--budget-s` starts no new row past it (keeping a
 minute for the second process); the default selection takes about 5 minutes on one H200 from a cold cache.
-`--compilers asis,stop,reserve --skip eager,rival --budget-s 540` compares the three ways in one run.
+`--compilers asis,stop,reserve --skip eager,rival --budget-s 540` compares the three ways in one run;
+`--compilers asis,unplaced --tasks level1/19_ReLU --skip rival` prices the move of the timing process onto
+the kept cores (launch-bound rows first in each pass).
 `--all` takes every task of the corpus with a correct candidate: well over 10 minutes, split it with
 `--tasks` across runs that share `--cache`. On a CPU (`--device cpu`) the same runs with the `*_cpp.py`
 candidates, e.g. `--device cpu --tasks level1/19_ReLU --max-input-mb 16 --storm 1` (about 2 minutes on
@@ -106,7 +108,7 @@ class Row:
     name: str
     sizes: dict
     yardstick_ms: float | None
-    handling: str = "-"  # what was done about the builds while timing (Storm): asis, stop, reserve; "-": none ran
+    handling: str = "-"  # what was done about the builds while timing (Storm): asis, stop, reserve, unplaced; "-": none ran
     kernelsearch_ms: list[float] = field(default_factory=list)
     baseline_ms: float | None = None  # eager rows: kernelsearch's eager baseline, re-timed in the same evaluation
     spreads: list[float] = field(default_factory=list)  # eager rows: IQR/median of the candidate's and baseline's timings
@@ -153,7 +155,7 @@ class Row:
 
     def line(self) -> str:
         times = " ".join(f"{t:.4f}" for t in self.kernelsearch_ms) or "-"
-        text = (f"{self.kind:14s} {self.handling:7s} {self.name:62s} {_fmt(self.yardstick_ms, '.4f'):>9s} {times:>22s} "
+        text = (f"{self.kind:14s} {self.handling:8s} {self.name:62s} {_fmt(self.yardstick_ms, '.4f'):>9s} {times:>22s} "
                 f"{_pct(self.difference):>7s} {_ok(self.agrees):>4s} {_pct(self.repeat_spread, False):>6s} {_ok(self.repeats):>4s}")
         if self.kind == "eager":
             text += (f"  baseline {_fmt(self.baseline_ms, '.4f')} ms, ratio {_fmt(self.eager_ratio, '.3f')} "
@@ -169,7 +171,7 @@ class Row:
         return text
 
 
-HEADER = (f"{'case':14s} {'builds':7s} {'candidate':62s} {'quiet ms':>9s} {'kernelsearch ms':>22s} {'diff':>7s} {'ok':>4s} "
+HEADER = (f"{'case':14s} {'builds':8s} {'candidate':62s} {'quiet ms':>9s} {'kernelsearch ms':>22s} {'diff':>7s} {'ok':>4s} "
           f"{'spread':>6s} {'ok':>4s}")
 
 
@@ -347,7 +349,8 @@ def main() -> None:
     ap.add_argument("--rivals", type=int, default=1, help="other processes timing on the device at once")
     ap.add_argument("--compilers", default="asis", help="what is done about the builds while timing, one pass of "
                     "the rows each: asis (whatever the oracle does), stop (stopped for each timing), reserve (kept "
-                    "off the oracle.cores timing cores, niced), e.g. asis,stop,reserve")
+                    "off the oracle.cores timing cores, niced), unplaced (as the oracle does, the timing process "
+                    "left on its own cores), e.g. asis,stop,reserve or asis,unplaced")
     ap.add_argument("--skip", default="", help="sections to leave out: eager, launch, rival")
     ap.add_argument("--jobs", type=int, default=None, help="parallel builds of the candidates (default: cores)")
     ap.add_argument("--budget-s", type=float, default=290, help="start no new row after this many seconds")
@@ -368,8 +371,8 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0))
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     handlings = [h.strip() for h in args.compilers.split(",") if h.strip()]
-    if not handlings or set(handlings) - {"asis", "stop", "reserve"}:
-        sys.exit(f"error: --compilers takes asis, stop and reserve, not {args.compilers!r}")
+    if not handlings or set(handlings) - {"asis", "stop", "reserve", "unplaced"}:
+        sys.exit(f"error: --compilers takes asis, stop, reserve and unplaced, not {args.compilers!r}")
     unknown = skip - {"eager", "launch", "rival"}
     if unknown:
         sys.exit(f"error: unknown section(s) to skip: {', '.join(sorted(unknown))} (eager, launch, rival)")
@@ -514,7 +517,8 @@ def summary(rows: list[Row], left: list[str], throughput: dict[str, str], wall_s
         repeated = [r for r in mine if r.repeats is not None]
         eager = [r for r in mine if r.eager_within_spread is not None]
         what = {"-": "without builds", "asis": "builds running, as the oracle handles them",
-                "stop": "builds stopped for each timing", "reserve": "builds kept off the timing cores"}[handling]
+                "stop": "builds stopped for each timing", "reserve": "builds kept off the timing cores",
+                "unplaced": "as the oracle handles them, the timing process not moved onto the timing cores"}[handling]
         print(f"\n{what}{': ' + throughput[handling] if handling in throughput else ''}")
         print(f"  within {100 * TOLERANCE:.0f}% (or {1e3 * TOLERANCE_MS:.0f} us) of the quiet event timer: "
               f"{sum(bool(r.agrees) for r in judged)} of {len(judged)}")
