@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -35,9 +36,11 @@ def task():
 
 
 @pytest.fixture(scope="module")
-def oracle(cache) -> Oracle:
+def oracle(cache) -> Iterator[Oracle]:
     fast = TimingParams(warmup_calls=2, min_calls=5, max_calls=20, target_s=0.2, wall_calls=5)
-    return Oracle(OracleConfig(device="cpu", cache_dir=cache, timing=fast, call_timeout_s=20))
+    o = Oracle(OracleConfig(device="cpu", cache_dir=cache, timing=fast, call_timeout_s=20))
+    yield o
+    o.close()
 
 
 @pytest.fixture(scope="module")

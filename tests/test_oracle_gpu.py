@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -20,8 +21,10 @@ DATA = next((p for p in (ROOT / ".shared" / "kernelbench" / "kernelbench_levels1
 
 
 @pytest.fixture(scope="module")
-def oracle() -> Oracle:
-    return Oracle(OracleConfig(device="cuda", call_timeout_s=20))
+def oracle() -> Iterator[Oracle]:
+    o = Oracle(OracleConfig(device="cuda", call_timeout_s=20))
+    yield o
+    o.close()  # its standby workers hold a CUDA context each
 
 
 def task(task_id: str):
@@ -73,8 +76,10 @@ TORCH_RELU = "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\
 
 
 @pytest.fixture(scope="module")
-def torch_oracle() -> Oracle:
-    return Oracle(OracleConfig(device="cuda", call_timeout_s=20, allow_torch=True, compile_baseline=False))
+def torch_oracle() -> Iterator[Oracle]:
+    o = Oracle(OracleConfig(device="cuda", call_timeout_s=20, allow_torch=True, compile_baseline=False))
+    yield o
+    o.close()
 
 
 def test_outputs_reach_the_trusted_side_in_device_memory(torch_oracle):

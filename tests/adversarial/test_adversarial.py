@@ -12,6 +12,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -54,9 +55,11 @@ def task():
 
 
 @pytest.fixture(scope="module")
-def oracle(tmp_path_factory, secret_env) -> Oracle:
+def oracle(tmp_path_factory, secret_env) -> Iterator[Oracle]:
     fast = TimingParams(warmup_calls=2, min_calls=5, max_calls=20, target_s=0.2, wall_calls=5)
-    return Oracle(OracleConfig(device="cpu", cache_dir=tmp_path_factory.mktemp("ks-adv-cache"), timing=fast, call_timeout_s=10))
+    o = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path_factory.mktemp("ks-adv-cache"), timing=fast, call_timeout_s=10))
+    yield o
+    o.close()
 
 
 @pytest.fixture(scope="module")

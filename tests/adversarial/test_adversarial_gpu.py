@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -41,8 +42,10 @@ def task():
 
 
 @pytest.fixture(scope="module")
-def oracle() -> Oracle:
-    return Oracle(OracleConfig(device="cuda", call_timeout_s=20))
+def oracle() -> Iterator[Oracle]:
+    o = Oracle(OracleConfig(device="cuda", call_timeout_s=20))
+    yield o
+    o.close()  # its standby workers hold a CUDA context each
 
 
 @pytest.fixture(scope="module")
