@@ -160,12 +160,12 @@ using namespace at;
 using std::nullopt;
 using std::optional;
 using Dtype = at::ScalarType;
-constexpr auto kUInt8 = at::kByte, kInt8 = at::kChar, kInt16 = at::kShort, kInt32 = at::kInt, kInt64 = at::kLong;
-constexpr auto kUInt16 = at::kUInt16, kUInt32 = at::kUInt32, kUInt64 = at::kUInt64;
-constexpr auto kFloat16 = at::kHalf, kFloat32 = at::kFloat, kFloat64 = at::kDouble;
-constexpr auto kU8 = kUInt8, kU16 = kUInt16, kU32 = kUInt32, kU64 = kUInt64;
-constexpr auto kI8 = kInt8, kI16 = kInt16, kI32 = kInt32, kI64 = kInt64;
-constexpr auto kF16 = kFloat16, kF32 = kFloat32, kF64 = kFloat64;
+inline constexpr auto kUInt8 = at::kByte, kInt8 = at::kChar, kInt16 = at::kShort, kInt32 = at::kInt, kInt64 = at::kLong;
+inline constexpr auto kUInt16 = at::kUInt16, kUInt32 = at::kUInt32, kUInt64 = at::kUInt64;
+inline constexpr auto kFloat16 = at::kHalf, kFloat32 = at::kFloat, kFloat64 = at::kDouble;
+inline constexpr auto kU8 = kUInt8, kU16 = kUInt16, kU32 = kUInt32, kU64 = kUInt64;
+inline constexpr auto kI8 = kInt8, kI16 = kInt16, kI32 = kInt32, kI64 = kInt64;
+inline constexpr auto kF16 = kFloat16, kF32 = kFloat32, kF64 = kFloat64;  // inline: no unused-variable warnings
 }  // namespace torch"""
 # The rungs tried in turn for CUDA sources, lightest first; after the last, the source as written.
 HEADER_RUNGS = {"lite": LITE_HEADER, "types": LIGHT_HEADER}
@@ -188,15 +188,12 @@ def lighten_cuda_sources(sources: list[str], rung: str = "lite") -> list[str] | 
 LITE_PRELUDE = "#include <cuda.h>\n#include <cuda_runtime.h>"
 
 
-@functools.lru_cache(maxsize=1)
-def _takes_no_implicit_headers() -> bool:
-    """Whether this torch's load_inline can leave out its own torch/types.h (a newer argument): without
-    it, the `lite` rung would parse torch/types.h all the same."""
+def takes_no_implicit_headers(load_inline: Any) -> bool:
+    """Whether this torch's (unhooked) load_inline can leave out its own torch/types.h, a newer argument:
+    without it, the `lite` rung would parse torch/types.h all the same."""
     import inspect
 
-    import torch.utils.cpp_extension as cpp
-
-    return "no_implicit_headers" in inspect.signature(cpp.load_inline).parameters
+    return "no_implicit_headers" in inspect.signature(load_inline).parameters
 
 
 def _next_rung(rung: str | None) -> str | None:
@@ -215,6 +212,7 @@ def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord, 
         os.environ["TORCH_CUDA_ARCH_LIST"] = gpu_arch  # only the present GPU: a build for all is several times slower
     os.environ.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 2))))
     original_inline, original_load = cpp.load_inline, cpp.load
+    first_rung = "lite" if takes_no_implicit_headers(original_inline) else "types"
 
     def build(original, *args: Any, **kwargs: Any) -> Any:
         bound = inspect.signature(original).bind(*args, **kwargs)
@@ -231,7 +229,7 @@ def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord, 
         build_dir.mkdir(parents=True, exist_ok=True)
         call.update(name=unique, build_directory=str(build_dir), verbose=False)
         before = _newest_library(build_dir)
-        choices = _build_choices(build_dir, call, original is original_inline, pch, record)
+        choices = _build_choices(build_dir, call, original is original_inline, pch, record, first_rung)
         t0 = time.perf_counter()
         while True:
             try:
@@ -273,7 +271,7 @@ def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord, 
 
 
 def _build_choices(build_dir: Path, call: dict[str, Any], inline: bool, pch: Path | None,
-                   record: BuildRecord) -> dict[str, Any]:
+                   record: BuildRecord, first_rung: str = "lite") -> dict[str, Any]:
     """How this extension is compiled: decided once, when its folder is first built, and kept in the folder.
     A later import must pass the same flags and sources, or ninja would rebuild it."""
     saved = build_dir / "choices.json"
@@ -285,7 +283,7 @@ def _build_choices(build_dir: Path, call: dict[str, Any], inline: bool, pch: Pat
     choices: dict[str, Any] = {}
     cuda_sources = _as_list(call.get("cuda_sources")) if inline else []
     if cuda_sources and lighten_cuda_sources(cuda_sources) is not None:
-        choices["header"] = "lite" if _takes_no_implicit_headers() else "types"
+        choices["header"] = first_rung
     if pch is not None and inline:
         from oracle.pch import header_folder, is_ready, spec_for
 
@@ -322,8 +320,9 @@ def _apply_choices(call: dict[str, Any], choices: dict[str, Any]) -> dict[str, A
     if rung is not None:
         out["cuda_sources"] = lighten_cuda_sources(_as_list(call.get("cuda_sources")), rung)
     if rung == "lite":  # load_inline would put torch/types.h first: its own first lines, without it
-        out["no_implicit_headers"] = True
+        out["no_implicit_headers"] = True  # which also leaves out main.cpp's first line: put back, first
         out["cuda_sources"] = [LITE_PRELUDE, *out["cuda_sources"]]
+        out["cpp_sources"] = [FULL_HEADER, *_as_list(call.get("cpp_sources"))]
     # A rung after a failed one gets its own name, so that PyTorch does not rename it to `_v1` in this
     # process only; the first one tried (and a folder from before the ladder) keeps the plain name.
     if choices.get("failed"):

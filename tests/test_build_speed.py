@@ -4,6 +4,7 @@ C++ half, lighter headers for CUDA sources (the `lite` rung, then torch/types.h)
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def test_choices_are_kept_with_the_built_extension(tmp_path):
     """An extension's flags must not change between the build and later imports, or ninja rebuilds it."""
     build_dir = tmp_path / "ext"
     build_dir.mkdir()
-    call = {"name": "x", "cuda_sources": [KERNEL], "extra_cflags": ["-O3"]}
+    call = {"name": "x", "cuda_sources": [KERNEL], "cpp_sources": "int f();", "extra_cflags": ["-O3"]}
     record = BuildRecord()
     first = _build_choices(build_dir, call, True, None, record)
     assert first == {"header": "lite"}
@@ -63,6 +64,9 @@ def test_choices_are_kept_with_the_built_extension(tmp_path):
     lite = _apply_choices(call, first)
     assert lite["name"] == "x" and lite["no_implicit_headers"] is True  # load_inline's torch/types.h left out too
     assert "#include <cuda_runtime.h>" in lite["cuda_sources"][0] and "ATen/core/Tensor.h" in lite["cuda_sources"][1]
+    # no_implicit_headers drops main.cpp's torch/extension.h too: back as its first line (the bindings need
+    # it, and the precompiled header is used only for a first include)
+    assert lite["cpp_sources"] == ["#include <torch/extension.h>", "int f();"]
     types = _apply_choices(call, {"header": "types", "failed": ["lite"]})
     assert types["name"] == "x_types" and types["cuda_sources"][0].startswith("#include <torch/types.h>")
     assert "no_implicit_headers" not in types
@@ -108,3 +112,82 @@ def test_header_is_made_in_the_background_and_used_by_the_next_build(tmp_path):
     verdict = second.check_and_time(task, candidate, build)
     assert verdict.status == "correct", verdict.message
     assert library.stat().st_mtime == stamp  # the check imported what was built, it did not rebuild
+
+
+NVCC = shutil.which("nvcc")
+ELEMENTWISE = """#include <torch/extension.h>
+__global__ void fill(float* y, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = 1.f; }
+torch::Tensor run(torch::Tensor x) {
+    TORCH_CHECK(x.scalar_type() == torch::kFloat32, "x must be float32");
+    auto y = torch::empty_like(x);
+    fill<<<(x.numel() + 255) / 256, 256>>>(y.data_ptr<float>(), (int)x.numel());
+    return y;
+}
+"""
+
+
+def _cuda_toolkit(monkeypatch) -> None:
+    """A CPU build of torch leaves CUDA_HOME unset; nvcc's toolkit is where it compiles from. Its link then
+    fails (no libtorch_cuda), after both objects were compiled: how far this machine can take a CUDA build."""
+    import torch.utils.cpp_extension as cpp
+
+    if NVCC is None:
+        pytest.skip("nvcc is not on PATH")
+    if cpp.CUDA_HOME is None:
+        monkeypatch.setattr(cpp, "CUDA_HOME", str(Path(NVCC).resolve().parent.parent))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+
+
+@pytest.mark.slow
+def test_the_lite_rung_compiles_through_load_inline(tmp_path, monkeypatch):
+    """Both halves compile at the first rung: the CUDA file against the lite header, main.cpp with its
+    torch/extension.h put back first (no_implicit_headers drops it)."""
+    import torch
+    import torch.utils.cpp_extension as cpp
+
+    _cuda_toolkit(monkeypatch)
+    call = {"name": "lite_rung", "cpp_sources": "torch::Tensor run(torch::Tensor x);", "cuda_sources": [ELEMENTWISE],
+            "functions": ["run"], "extra_cflags": ["-O3"], "extra_cuda_cflags": ["-O3"], "build_directory": str(tmp_path),
+            "verbose": False}
+    try:
+        module = cpp.load_inline(**_apply_choices(call, {"header": "lite"}))
+    except RuntimeError as exc:  # a CPU build of torch: the link has no CUDA libraries to take
+        assert not torch.cuda.is_available() and "ld" in str(exc) and "cuda" in str(exc), str(exc)[-2000:]
+    else:  # a CUDA build of torch: the extension runs
+        x = torch.zeros(1000, device="cuda")
+        assert bool((module.run(x) == 1).all())
+    assert (tmp_path / "cuda.cuda.o").exists() and (tmp_path / "main.o").exists()
+    assert "ATen/core/Tensor.h" in (tmp_path / "cuda.cu").read_text()
+    assert "#include <torch/types.h>" not in (tmp_path / "cuda.cu").read_text()
+    assert (tmp_path / "main.cpp").read_text().startswith("#include <torch/extension.h>\n")
+
+
+@pytest.mark.slow
+def test_a_source_the_lite_header_does_not_cover_goes_on_to_torch_types(tmp_path, monkeypatch):
+    """torch::exp is not in the lite header: the first rung fails to compile, torch/types.h is next, and the
+    folder remembers it (on a CPU build of torch that rung's link fails too, with the linker's message).
+    The rung is chosen from load_inline's own signature, not the hook's that replaces it."""
+    import torch
+    import torch.utils.cpp_extension as cpp
+
+    from oracle.build import BuildFailed, install_build_hooks
+
+    _cuda_toolkit(monkeypatch)
+    source = ELEMENTWISE.replace("auto y = torch::empty_like(x);", "auto y = torch::exp(x);")
+    original = cpp.load_inline
+    record = BuildRecord()
+    try:
+        install_build_hooks(tmp_path, "9.0", record)
+        try:
+            cpp.load_inline(name="needs_exp", cpp_sources="torch::Tensor run(torch::Tensor x);", cuda_sources=source,
+                            functions=["run"])
+        except BuildFailed as exc:
+            assert not torch.cuda.is_available() and "cuda" in str(exc), str(exc)
+    finally:
+        cpp.load_inline = original
+    (choices_file,) = tmp_path.glob("ext/*/choices.json")
+    choices = json.loads(choices_file.read_text())
+    # On a CPU build of torch the torch/types.h rung fails at the link too ("cannot find -ltorch_cuda: No
+    # such file"), which reads as a missing declaration: the source as written is tried last.
+    assert choices["failed"][0] == "lite" and choices["header"] in ("types", "as written")
+    assert record.cuda_header is None or record.cuda_header == "types"
