@@ -12,11 +12,10 @@ does not change how it is timed.
 
 from __future__ import annotations
 
-from collections import deque
-
 import math
 import statistics
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 

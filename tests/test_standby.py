@@ -165,12 +165,16 @@ class ModelNew(nn.Module):
 '''
 
 
-def test_the_clocked_block_of_a_kernel_slower_than_eager_is_sized_by_its_own_time(oracle, task):
-    """Sized from eager alone, the block of a kernel 1000x slower than eager held the device for minutes."""
-    v = oracle.evaluate(task, SLOW, "torch")
+def test_the_clocked_block_of_a_kernel_slower_than_eager_is_sized_by_its_own_time(task, tmp_path):
+    """Sized from eager alone, the block of a kernel 1000x slower than eager held the device for minutes.
+    With 10 calls a block, eager (a few ms here, under 20 ms however loaded) asks for 10; a 50-ms kernel gets
+    the 0.2-s cut, 4 calls, whatever eager's time."""
+    params = TimingParams(warmup_calls=1, min_calls=3, max_calls=5, target_s=0.05, wall_calls=10)
+    o = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path / "cache", allow_torch=True, timing=params))
+    try:
+        v = o.evaluate(task, SLOW, "torch")
+    finally:
+        o.close()
     assert v.status == "correct", v.message
-    from oracle.timing import block_calls
-    by_eager = block_calls(v.eager_ms, FAST.wall_calls)
-    assert by_eager > FAST.wall_calls  # eager alone would have asked for more calls
-    assert v.timing["candidate"]["block_calls"] == FAST.wall_calls
+    assert params.wall_block(50.0) == 4 and v.timing["candidate"]["block_calls"] == 4
     assert v.timing["candidate"]["external_ms"] >= 50.0
