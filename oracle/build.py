@@ -169,6 +169,7 @@ inline constexpr auto kF16 = kFloat16, kF32 = kFloat32, kF64 = kFloat64;  // inl
 }  // namespace torch"""
 # The rungs tried in turn for CUDA sources, lightest first; after the last, the source as written.
 HEADER_RUNGS = {"lite": LITE_HEADER, "types": LIGHT_HEADER}
+AS_WRITTEN = "as written"  # a folder's choice once every rung failed
 # Errors that say a declaration is missing: what the lighter header can cause and the full one cures.
 MISSING_DECLARATION = ("has no member", "is undefined", "was not declared", "not a member", "incomplete type",
                        "No such file", "is not a template", "undefined reference", "no instance of")
@@ -197,8 +198,10 @@ def takes_no_implicit_headers(load_inline: Any) -> bool:
 
 
 def _next_rung(rung: str | None) -> str | None:
+    """The rung after `rung`; None after the last (the source as written comes next)."""
     names = list(HEADER_RUNGS)
-    return names[names.index(rung) + 1] if rung in names and names.index(rung) + 1 < len(names) else None
+    after = names.index(rung) + 1 if rung in names else len(names)
+    return names[after] if after < len(names) else None
 
 
 def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord, pch: Path | None = None) -> None:
@@ -299,8 +302,6 @@ def _build_choices(build_dir: Path, call: dict[str, Any], inline: bool, pch: Pat
 def _save_choices(build_dir: Path, choices: dict[str, Any]) -> None:
     (build_dir / "choices.json").write_text(json.dumps(choices))
 
-
-AS_WRITTEN = "as written"
 
 
 def _rung(choices: dict[str, Any]) -> str | None:
