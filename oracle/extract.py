@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from oracle.candidate import BACKENDS, Candidate
 from oracle.verdict import Verdict
+from tasks.ast_parse import parse
 from tasks.model import Task
 
 TARGET = "ModelNew"
@@ -92,7 +93,7 @@ class _Region:
 def _parse(code: str) -> ast.Module | _ParseError:
     """`ast.parse` that never raises: garbage, null bytes and surrogates become a `_ParseError`."""
     try:
-        return ast.parse(code)
+        return parse(code)
     except SyntaxError as exc:
         return _ParseError(exc.lineno, exc.msg or "invalid syntax")
     except (ValueError, RecursionError, MemoryError) as exc:  # null bytes, surrogates, absurd nesting

@@ -27,6 +27,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from tasks.ast_parse import parse
 from tasks.runtime import ShapeProbe, TaskCodeError, exec_task_code, probe
 
 MIB = 1024 * 1024
@@ -85,7 +86,7 @@ def _int_expr(node: ast.AST) -> int | None:
 def size_constants(code: str) -> list[SizeConstant]:
     """Module-level integer constants, in source order (rule 1)."""
     found = []
-    for stmt in ast.parse(code).body:
+    for stmt in parse(code).body:
         if not isinstance(stmt, ast.Assign):
             continue
         value: Size | None = _int_expr(stmt.value)
