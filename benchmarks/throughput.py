@@ -193,8 +193,16 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
                          "status": r["status"], "as_expected": r["status"] in exp.split("/"), "message": r["message"][:160],
                          "device_s": r.get("device_s"), "build_s": r.get("build_s"), "time_ms": r.get("time_ms"),
                          "speedup_vs_eager": r.get("speedup_vs_eager"), "speedup_vs_compile": r.get("speedup_vs_compile"),
+                         "how_built": ("pch " if r.get("build_pch") else "") + str(r.get("build_header") or ""),
                          "at_s": (r.get("recorded_at") or started) - started})
     builds = [r["build_s"] for r in judged if r.get("build_s")]
+    fresh = [r for r in judged if r.get("build_s") and not r.get("build_cached")]
+    # how the fresh builds compiled: with the precompiled header or not, and their CUDA sources' header rung
+    how_built = {"pch": sum(bool(r.get("build_pch")) for r in fresh), "no_pch": sum(not r.get("build_pch") for r in fresh),
+                 "build_p50_pch_s": pct([r["build_s"] for r in fresh if r.get("build_pch")], 0.5),
+                 "build_p50_no_pch_s": pct([r["build_s"] for r in fresh if not r.get("build_pch")], 0.5),
+                 "headers": {h: sum(r.get("build_header") == h for r in fresh) for h in
+                             sorted({str(r.get("build_header")) for r in fresh if r.get("build_header")})}}
     worker_phases: dict[str, list[float]] = {}
     for r in judged:  # where a correct candidate's worker spent its time (samples.jsonl keeps the timing details)
         for k, v in ((r.get("timing") or {}).get("worker_phases") or {}).items():
@@ -203,7 +211,7 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
             "device_s_p50": pct(device_s, 0.5), "device_s_p95": pct(device_s, 0.95),
             "phases_p50": {k: pct(v, 0.5) for k, v in phases.items()}, "phases_sum": {k: sum(v) for k, v in phases.items()},
             "worker_phases_p50": {k: pct(v, 0.5) for k, v in worker_phases.items()},
-            "build_p50_s": pct(builds, 0.5), "build_p90_s": pct(builds, 0.9),
+            "build_p50_s": pct(builds, 0.5), "build_p90_s": pct(builds, 0.9), "how_built": how_built,
             "as_expected": sum(v["as_expected"] for v in verdicts), "verdicts": verdicts}
 
 
@@ -246,7 +254,7 @@ def main() -> None:
         for v in sorted(o["verdicts"], key=lambda v: v["at_s"]):
             print(f"  {v['at_s']:6.0f} s {v['task']:55s} {Path(v['file'] or '?').stem:18s} {v['status']:14s}"
                   f"{'' if v['as_expected'] else ' (expected ' + v['expected'] + ')'} build {v['build_s'] or 0:.0f} s "
-                  f"device {sum((v['device_s'] or {}).values()):.2f} s")
+                  f"device {sum((v['device_s'] or {}).values()):.2f} s {v['how_built']}")
         print({k: v for k, v in o.items() if k != "verdicts"})
         return
 
@@ -286,6 +294,7 @@ def main() -> None:
               f"device s per candidate p50 {o['device_s_p50']}, p95 {o['device_s_p95']}; by phase p50 {o['phases_p50']}; "
               f"build p50 {o['build_p50_s']}, p90 {o['build_p90_s']}; verdicts as expected {o['as_expected']}/{o['candidates']}")
         print(f"worker phases p50 (s): {o['worker_phases_p50']}")
+        print(f"fresh builds: {o['how_built']}")
     if args.peer and report["peer"].get("candidates"):
         p = report["peer"]
         print(f"peer: {p['candidates']} candidates in {p['wall_s']:.0f} s = {p['per_min']:.2f} a minute "

@@ -390,7 +390,9 @@ class CandidateBuilds:
         key_dir = self.root / "candidates" / key
         ok_file, failed_file = key_dir / "ok.json", key_dir / "failed.json"
         if ok_file.exists():
-            return BuildOutcome(key, key_dir, True, True, 0.0)
+            data = _read_json(ok_file)  # how the binary was built, for the verdict
+            return BuildOutcome(key, key_dir, True, True, 0.0, pch_used=bool(data.get("pch_used")),
+                                cuda_header=data.get("cuda_header"))
         if failed_file.exists():
             data = json.loads(failed_file.read_text())
             return BuildOutcome(key, key_dir, False, True, 0.0, "compile_error", data["message"])
@@ -427,6 +429,30 @@ class CandidateBuilds:
         # An import error that is not the compiler's is left to the run, which imports with the device present.
         return BuildOutcome(key, key_dir, True, not r.compiled, r.build_s, pch_used=r.pch_used,
                             cuda_header=r.cuda_header)
+
+
+    def request_default_header(self, with_cuda: bool) -> bool:
+        """Start making the precompiled header for `load_inline`'s default flags now, so that it is ready for
+        the first builds instead of only for those that start after the first build ends (in a cold run the
+        first waves of builds would all parse torch/extension.h from scratch). The header of a candidate that
+        passes flags of its own is still asked for by its first build. Returns whether a maker started."""
+        from oracle.pch import request_header, spec_for
+
+        if self.pch is None:
+            return False
+        spec = spec_for(None, None, with_cuda=with_cuda)
+        maker = request_header(self.pch, spec) if spec is not None else None
+        if maker is not None:
+            self.quiet.header_maker(maker)
+        return maker is not None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def last_line(text: str) -> str:

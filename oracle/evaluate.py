@@ -154,6 +154,8 @@ class Oracle:
                                  self.cores.for_timing if kept and c.device == "cuda" else None)
         self.pch = (c.pch_dir or default_root()) if c.precompiled_headers else None
         self.builds = CandidateBuilds(builds_root, self.gpu_arch, self.pch, c.build_timeout_s, self.quiet)
+        if c.device == "cuda":  # CUDA candidates mostly keep load_inline's default C++ flags: their header, now
+            self.builds.request_default_header(with_cuda=True)
         self.memory = MemoryBudget(int(c.candidate_memory * _device_memory(c.device)))
         compile_memory = MemoryBudget(int(c.compile_memory * _device_memory(c.device)))
         settings = ReferenceSettings(
@@ -220,7 +222,7 @@ class Oracle:
         held while anything is timed, for example to pause a generator that shares the GPU.
         `fresh_baseline`: time eager PyTorch again first, for the re-timing of a best kernel."""
         base: dict[str, Any] = dict(backend=candidate.backend, hash=candidate.hash, build_s=build.build_s,
-                                    build_cached=build.cached)
+                                    build_cached=build.cached, build_pch=build.pch_used, build_header=build.cuda_header)
         if build.status:
             return self._verdict(task, build.status, build.message, **base)
         quiet = quiet or contextlib.nullcontext

@@ -53,6 +53,8 @@ class Verdict:
     speedup_vs_compile: float | None = None
     build_s: float | None = None  # compile time of the extension (0.0 when it came from the cache)
     build_cached: bool = False
+    build_pch: bool = False  # its C++ half was compiled against a precompiled torch/extension.h (oracle.pch)
+    build_header: str | None = None  # the header its CUDA sources compiled against: lite, types, as written
     verify_s: float | None = None  # the worker's import and correctness checks
     time_s: float | None = None  # the worker's timing phase
     flags: list[str] = field(default_factory=list)  # e.g. "wall_clock_disagrees", "used_cache"

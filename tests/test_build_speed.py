@@ -86,6 +86,33 @@ def test_a_missing_header_is_requested_not_used(tmp_path):
     assert record.pch_wanted and PchSpec.from_json(record.pch_wanted[0]) == spec_for(["-O3"], None, with_cuda=False)
 
 
+def test_the_default_flags_header_is_asked_for_before_any_build(tmp_path):
+    """A GPU oracle asks for the header of load_inline's default flags when it starts, so the first builds of a
+    cold run find it made; it must be the very header a build without flags of its own looks for."""
+    import os
+    import signal
+
+    from oracle.build import CandidateBuilds
+    from oracle.device_quiet import QuietDevice
+
+    quiet = QuietDevice("cpu")
+    builds = CandidateBuilds(tmp_path / "builds", None, tmp_path / "pch", 60, quiet)
+    assert builds.request_default_header(with_cuda=False)
+    try:
+        record = BuildRecord()
+        (tmp_path / "ext").mkdir()
+        _build_choices(tmp_path / "ext", {"name": "x", "cpp_sources": ["int f();"]}, True, tmp_path / "pch", record)
+        wanted = PchSpec.from_json(record.pch_wanted[0])
+        assert (tmp_path / "pch" / f"{wanted.key}.log").exists()  # the maker writes its log under the same key
+        assert quiet._header_makers  # stopped while a CPU is timed, like any compiler
+        assert not builds.request_default_header(with_cuda=False)  # asked for once
+    finally:
+        for maker in quiet._header_makers:
+            os.killpg(maker.pid, signal.SIGKILL)
+            maker.wait()
+    assert not CandidateBuilds(tmp_path / "b", None, None, 60, quiet).request_default_header(False)  # headers off
+
+
 @pytest.mark.slow
 def test_header_is_made_in_the_background_and_used_by_the_next_build(tmp_path):
     pch = tmp_path / "pch"
@@ -112,6 +139,9 @@ def test_header_is_made_in_the_background_and_used_by_the_next_build(tmp_path):
     verdict = second.check_and_time(task, candidate, build)
     assert verdict.status == "correct", verdict.message
     assert library.stat().st_mtime == stamp  # the check imported what was built, it did not rebuild
+    assert verdict.build_pch and verdict.build_header is None  # a C++ candidate: no CUDA header rung
+    again = second.build(candidate)  # from the build cache: how it was built is still on record
+    assert again.cached and again.pch_used
 
 
 NVCC = shutil.which("nvcc")
