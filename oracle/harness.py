@@ -295,6 +295,7 @@ def _on_standby(conn: Connection, folder: Path) -> tuple[CandidateJob, threading
         device = str(json.loads((folder / STANDBY_FILE).read_text())["device"])
         _device_setup(device)
         warming = warm_profiler(device)
+        import torch.utils.cpp_extension  # noqa: F401 - what install_build_hooks imports, before the job
         command = receive(conn)
         if command.get("cmd") != "job":
             return None
