@@ -93,3 +93,23 @@ def test_outputs_reach_the_trusted_side_in_device_memory(torch_oracle):
     wrong = torch_oracle.evaluate(relu, TORCH_RELU.format(expr="torch.relu(x) + 1e-2"))
     assert wrong.status == "incorrect" and "check 1 of" in wrong.message and "expected" in wrong.message, wrong.message
     assert "reference" not in wrong.device_s and "baselines" not in wrong.device_s
+
+
+def test_a_cold_builds_first_kernel_finds_the_default_header_made_and_builds_at_the_lite_rung(tmp_path):
+    """A GPU oracle asks for the precompiled header of load_inline's default flags as it starts; once made, a
+    cold build of a kernel that keeps those flags uses it (the key the trusted side computed is the one the
+    build worker looks for), and its CUDA source compiles against the `lite` header, loads and runs."""
+    from oracle.pch import is_ready, spec_for
+
+    o = Oracle(OracleConfig(device="cuda", cache_dir=tmp_path / "cache", pch_dir=tmp_path / "pch", call_timeout_s=20))
+    try:
+        spec = spec_for(None, None, with_cuda=True)
+        assert spec is not None and o.quiet._header_makers, "no header maker started with the oracle"
+        for maker in o.quiet._header_makers:
+            maker.wait(timeout=600)
+        assert is_ready(tmp_path / "pch", spec), (tmp_path / "pch" / f"{spec.key}.log").read_text()
+        v = evaluate(o, "level1/19_ReLU", "correct")
+    finally:
+        o.close()
+    assert v.status == "correct", v.message
+    assert v.build_pch and v.build_header == "lite" and not v.build_cached
