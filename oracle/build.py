@@ -430,7 +430,6 @@ class CandidateBuilds:
         return BuildOutcome(key, key_dir, True, not r.compiled, r.build_s, pch_used=r.pch_used,
                             cuda_header=r.cuda_header)
 
-
     def request_default_header(self, with_cuda: bool) -> bool:
         """Start making the precompiled header for `load_inline`'s default flags now, so that it is ready for
         the first builds instead of only for those that start after the first build ends (in a cold run the
@@ -441,7 +440,10 @@ class CandidateBuilds:
         if self.pch is None:
             return False
         spec = spec_for(None, None, with_cuda=with_cuda)
-        maker = request_header(self.pch, spec) if spec is not None else None
+        try:
+            maker = request_header(self.pch, spec) if spec is not None else None
+        except OSError:  # a header folder it cannot write: builds go on without headers, the oracle starts
+            return False
         if maker is not None:
             self.quiet.header_maker(maker)
         return maker is not None

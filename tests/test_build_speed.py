@@ -111,6 +111,8 @@ def test_the_default_flags_header_is_asked_for_before_any_build(tmp_path):
             os.killpg(maker.pid, signal.SIGKILL)
             maker.wait()
     assert not CandidateBuilds(tmp_path / "b", None, None, 60, quiet).request_default_header(False)  # headers off
+    (tmp_path / "file").write_text("")  # a header folder that cannot be made: no header, no error
+    assert not CandidateBuilds(tmp_path / "c", None, tmp_path / "file" / "pch", 60, quiet).request_default_header(False)
 
 
 @pytest.mark.slow
