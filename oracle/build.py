@@ -204,6 +204,15 @@ def _next_rung(rung: str | None) -> str | None:
     return names[after] if after < len(names) else None
 
 
+def with_build_flags(call: dict[str, Any]) -> dict[str, Any]:
+    """A load_inline/load call as it is built: flags it leaves out are `BUILD_FLAGS`'s. Headers are keyed
+    by these flags, so whoever asks for a header ahead of a build must ask through here too."""
+    for k in ("extra_cflags", "extra_cuda_cflags"):
+        if call.get(k) is None:
+            call[k] = list(BUILD_FLAGS["cflags" if k == "extra_cflags" else "cuda_cflags"])
+    return call
+
+
 def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord, pch: Path | None = None) -> None:
     """Patch `load_inline`/`load` in this (worker) process to build into the keyed cache folders.
     `pch`: the folder of precompiled headers (`oracle.pch`), or None to build without them."""
@@ -219,10 +228,7 @@ def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord, 
 
     def build(original, *args: Any, **kwargs: Any) -> Any:
         bound = inspect.signature(original).bind(*args, **kwargs)
-        call = dict(bound.arguments)
-        for k in ("extra_cflags", "extra_cuda_cflags"):
-            if call.get(k) is None:
-                call[k] = list(BUILD_FLAGS["cflags" if k == "extra_cflags" else "cuda_cflags"])
+        call = with_build_flags(dict(bound.arguments))
         if original is original_load:  # sources are files: key their contents
             call["_contents"] = [Path(p).read_text(errors="replace") for p in _as_list(call.get("sources"))]
         key = extension_key(call, gpu_arch)
@@ -439,7 +445,7 @@ class CandidateBuilds:
 
         if self.pch is None:
             return False
-        spec = spec_for(None, None, with_cuda=with_cuda)
+        spec = spec_for(with_build_flags({})["extra_cflags"], None, with_cuda=with_cuda)
         try:
             maker = request_header(self.pch, spec) if spec is not None else None
         except OSError:  # a header folder it cannot write: builds go on without headers, the oracle starts

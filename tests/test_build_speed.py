@@ -92,7 +92,7 @@ def test_the_default_flags_header_is_asked_for_before_any_build(tmp_path):
     import os
     import signal
 
-    from oracle.build import CandidateBuilds
+    from oracle.build import CandidateBuilds, with_build_flags
     from oracle.device_quiet import QuietDevice
 
     quiet = QuietDevice("cpu")
@@ -101,7 +101,8 @@ def test_the_default_flags_header_is_asked_for_before_any_build(tmp_path):
     try:
         record = BuildRecord()
         (tmp_path / "ext").mkdir()
-        _build_choices(tmp_path / "ext", {"name": "x", "cpp_sources": ["int f();"]}, True, tmp_path / "pch", record)
+        call = with_build_flags({"name": "x", "cpp_sources": ["int f();"]})  # as the build hook passes it
+        _build_choices(tmp_path / "ext", call, True, tmp_path / "pch", record)
         wanted = PchSpec.from_json(record.pch_wanted[0])
         assert (tmp_path / "pch" / f"{wanted.key}.log").exists()  # the maker writes its log under the same key
         assert quiet._header_makers  # stopped while a CPU is timed, like any compiler

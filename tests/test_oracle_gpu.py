@@ -99,11 +99,12 @@ def test_a_cold_builds_first_kernel_finds_the_default_header_made_and_builds_at_
     """A GPU oracle asks for the precompiled header of load_inline's default flags as it starts; once made, a
     cold build of a kernel that keeps those flags uses it (the key the trusted side computed is the one the
     build worker looks for), and its CUDA source compiles against the `lite` header, loads and runs."""
+    from oracle.build import with_build_flags
     from oracle.pch import is_ready, spec_for
 
     o = Oracle(OracleConfig(device="cuda", cache_dir=tmp_path / "cache", pch_dir=tmp_path / "pch", call_timeout_s=20))
     try:
-        spec = spec_for(None, None, with_cuda=True)
+        spec = spec_for(with_build_flags({})["extra_cflags"], None, with_cuda=True)  # as a build asks
         assert spec is not None and o.quiet._header_makers, "no header maker started with the oracle"
         for maker in o.quiet._header_makers:
             maker.wait(timeout=600)
