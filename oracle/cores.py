@@ -3,10 +3,11 @@
 A launch-bound kernel's time is mostly its Python thread issuing launches. When fifteen nvcc builds hold
 the sixteen cores, that thread waits for a core between launches and the GPU idles inside the timed
 events: a 0.017 ms kernel measured 0.173 ms. A `CorePlan` keeps a core (two on larger machines, each with
-its SMT siblings) for the timing workers and confines builds and header makers to the others, at a lower
-priority. A `Placement` is what one process gets; it is applied in the process itself before its work
-starts (`apply_here`), or to a running process with every thread and child (`apply_to`). Children inherit
-both the affinity and the niceness through fork and exec, so ninja, nvcc and cc1plus keep their build's.
+its SMT siblings) for the timing workers and confines builds and header makers to the others, the builds
+at a lower priority. A `Placement` is what one process gets; it is applied in the process itself before its
+work starts (`apply_here`), or to a running process with every thread and child (`apply_to`). Children
+inherit both the affinity and the niceness through fork and exec, so ninja, nvcc and cc1plus keep their
+build's.
 
 Only lowering priority needs no privilege: a placement never makes a process less nice than it is.
 """
@@ -92,7 +93,8 @@ class CorePlan:
 
     @property
     def for_builds(self) -> Placement:
-        """For build workers and header makers (and all they start): the other cores, less priority."""
+        """For build workers (and all they start): the other cores, less priority. Header makers get only
+        the cores (`QuietDevice.header_maker`)."""
         return Placement(self.builds, self.build_nice)
 
     def describe(self) -> str:

@@ -221,3 +221,21 @@ def test_a_cuda_oracle_times_on_the_kept_cores_and_a_cpu_one_on_all(tmp_path):
     finally:
         gpu.close()
         cpu.close()
+
+
+@needs_two_cores
+def test_a_header_maker_runs_on_the_build_cores_at_the_oracles_priority():
+    """Builds are niced; the header maker is not: every build after it waits on that one process, and niced
+    among the builds it finished only after the next wave of builds had started without it."""
+    from oracle.device_quiet import QuietDevice
+
+    plan = plan_cores()
+    quiet = QuietDevice("cuda", machine=None, build_placement=plan.for_builds, timing_placement=plan.for_timing)
+    maker = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        quiet.header_maker(maker)
+        assert os.sched_getaffinity(maker.pid) == set(plan.builds)  # never on the cores kept for timing
+        assert os.getpriority(os.PRIO_PROCESS, maker.pid) == OWN_NICE
+    finally:
+        maker.kill()
+        maker.wait()
