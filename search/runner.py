@@ -150,20 +150,29 @@ async def build_engine(settings: RunSettings) -> Engine:
     options = {"seed": settings.plan.seed, **placement.generator_options, **settings.generator_options}
     actors = [GeneratorActor.options(num_cpus=0, **actor_options(p, groups, hard_node=False)).remote(settings.generator, options)
               for p in placement.generators]
+    gate = None
+    if placement.gated:
+        gate = TimingGate.options(num_cpus=0).remote(
+            [(a, [p.gate_key]) for a, p in zip(actors, placement.generators) if p.gate_key])
+
+    def start_oracles() -> OraclePool:
+        return OraclePool(PoolSpec(device=settings.device, oracles=len(placement.oracles)),
+                          OracleConfig(device=settings.device, allow_torch=settings.allow_torch,
+                                       tolerance=settings.tolerance, compile_baseline=settings.compile_baseline),
+                          placements=placement.oracles, groups=groups, gate=gate,
+                          node_labels={n.node_id: n.label for n in nodes})
+
+    # Apart from the generator's GPUs, the oracles start while the generator loads its model (tens of seconds
+    # for vLLM): their start, and the precompiled header a GPU oracle asks for as it starts, are then done
+    # before the first build. On a GPU it shares, an oracle starts after: vLLM sizes its cache by the memory
+    # free while it loads, which an oracle setting up beside it would change.
+    pool = None if placement.gated else start_oracles()
     try:
         infos = await asyncio.gather(*(a.describe.remote() for a in actors))
     except RayActorError as exc:
         raise GeneratorError(f"the generator {settings.generator} could not start: {_cause(exc)}") from None
     info = {**infos[0], "replicas": len(actors), "placement": placement.describe()}
-    gate = None
-    if placement.gated:
-        gate = TimingGate.options(num_cpus=0).remote(
-            [(a, [p.gate_key]) for a, p in zip(actors, placement.generators) if p.gate_key])
-    pool = OraclePool(PoolSpec(device=settings.device, oracles=len(placement.oracles)),
-                      OracleConfig(device=settings.device, allow_torch=settings.allow_torch, tolerance=settings.tolerance,
-                                   compile_baseline=settings.compile_baseline),
-                      placements=placement.oracles, groups=groups, gate=gate,
-                      node_labels={n.node_id: n.label for n in nodes})
+    pool = pool or start_oracles()
     strategy = make_strategy(settings.strategy, settings.strategy_backend, **settings.strategy_options)
     return Engine(GeneratorClient(actors), pool, strategy, info, placement, gate, groups)
 

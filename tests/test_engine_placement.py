@@ -473,3 +473,38 @@ def test_a_replica_killed_mid_run_and_the_run_finishes(tmp_path, env, monkeypatc
     assert died and all(r.replica == 1 and r.status == "no_code" for r in died)
     assert engine.generator.deaths == [0, 1]
     assert not any(g.get("dead") for g in extra["generators"]), "the killed replica was not restarted"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("share", [False, True])
+def test_oracles_start_while_the_generator_loads_unless_they_share_its_gpu(tmp_path, env, monkeypatch, share):
+    """Apart from the generator's GPU, an oracle's start (and a GPU oracle's first precompiled header) overlaps
+    the model's load; on a GPU it shares, the oracle starts only once the generator is up (vLLM measures the
+    GPU's free memory as it loads). The replay generator here takes 6 s to start, as a model would."""
+    import time
+
+    import ray
+
+    from search.controller import SearchPlan
+    from search.runner import RunSettings, build_engine, start_ray
+
+    monkeypatch.setenv("KERNELSEARCH_CACHE", env["KERNELSEARCH_CACHE"])
+    replay = write_replay(tmp_path / "r.jsonl", ["correct"])
+    settings = RunSettings(generator=f"replay:{replay}", strategy="zero-shot", device="cpu", plan=SearchPlan(n=1),
+                           share_generator=share, generator_options={"load_s": 6.0})
+    start_ray(None, "cpu")
+
+    async def main():
+        engine = await build_engine(settings)
+        generator_up = time.time()  # build_engine returns once the generator answered
+        stats = await engine.pool.oracles[0].actor.stats.remote()
+        return generator_up, time.time() - stats["alive_s"]  # when the oracle's start had ended
+
+    try:
+        generator_up, oracle_started = asyncio.run(main())
+    finally:
+        ray.shutdown()
+    if share:
+        assert oracle_started > generator_up - 0.5
+    else:
+        assert oracle_started < generator_up - 2.0, "the oracle waited for the generator's load"

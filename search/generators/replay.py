@@ -82,10 +82,12 @@ def _seconds(x: Any, default: float) -> float:
 
 
 class ReplayGenerator(Generator):
-    def __init__(self, path: str | Path, seed: int = 0, delay_s: float = 0.0) -> None:
+    def __init__(self, path: str | Path, seed: int = 0, delay_s: float = 0.0, load_s: float = 0.0) -> None:
         self.path = Path(path)
         self.seed = seed
         self.delay_s = delay_s  # "generation" time per sample (tests of pausing and spreading)
+        if load_s:  # a start as slow as a model's load (tests of what overlaps it)
+            time.sleep(load_s)
         self._running = asyncio.Event()
         self._running.set()
         self.emitted: list[float] = []  # when each completion was handed out (time.time())
