@@ -93,8 +93,9 @@ if __name__ == "__main__":
     with ctx.Pool(16) as pool:
         builds = pool.map(build, jobs)
     prebuild_s = time.perf_counter() - t0
+    print(f"peer: pre-build of {len(jobs)} in {prebuild_s:.0f} s", file=sys.stderr, flush=True)
     rows = []
-    for job in jobs:
+    for i, job in enumerate(jobs):
         t1 = time.perf_counter()
         queue = ctx.Queue()
         p = ctx.Process(target=evaluate, args=(job, queue))
@@ -103,6 +104,7 @@ if __name__ == "__main__":
         row = queue.get() if not queue.empty() else {"name": job["name"], "error": f"exit {p.exitcode}"}
         row["seconds"] = time.perf_counter() - t1
         rows.append(row)
+        print(f"peer: {i + 1}/{len(jobs)} at {time.perf_counter() - t0:.0f} s: {json.dumps(row)}", file=sys.stderr, flush=True)
     print(json.dumps({"prebuild_s": prebuild_s, "builds": builds, "rows": rows}))
 '''
 
@@ -223,12 +225,14 @@ def run_peer(files: list[tuple[str, Path]], tasks: dict, work: Path) -> dict:
     script = work / "peer.py"
     script.write_text(PEER)
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(script), str(spec)], capture_output=True, text=True)
+    # its progress goes to our stderr as it happens: a run cut short still shows its pre-build and evaluations
+    proc = subprocess.run([sys.executable, str(script), str(spec)], stdout=subprocess.PIPE, text=True)
     wall = time.perf_counter() - started
     try:
         result = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        return {"error": proc.stderr[-2000:], "wall_s": wall, "candidates": 0, "per_min": 0.0}
+        return {"error": f"exit {proc.returncode}, no result (its messages are above)", "wall_s": wall, "candidates": 0,
+                "per_min": 0.0}
     rows = result["rows"]
     return {"candidates": len(rows), "wall_s": wall, "per_min": 60 * len(rows) / wall, "prebuild_s": result["prebuild_s"],
             "eval_s_p50": pct([r["seconds"] for r in rows], 0.5), "rows": rows, "builds": result["builds"]}
