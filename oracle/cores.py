@@ -10,6 +10,11 @@ inherit both the affinity and the niceness through fork and exec, so ninja, nvcc
 build's.
 
 Only lowering priority needs no privilege: a placement never makes a process less nice than it is.
+
+With sched_autogroup (on by default in most Linux distributions) a process that starts a session gets a
+new scheduling group at nice 0, and between groups only the group's nice counts: two busy processes in
+their own sessions on one core split it evenly, one at nice 0 and one at nice 10. Workers start sessions
+of their own, so a placed worker's group gets its nice too (`nice_own_group`, after `setsid`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,16 @@ class Placement:
         return sorted(set(failed))
 
     def _apply_threads(self, pid: int) -> list[str]:
+        failed = self._apply_each_thread(pid)
+        try:
+            leads_session = os.getsid(pid) == pid
+        except OSError:
+            leads_session = False
+        if leads_session and self.nice > 0:
+            failed += nice_own_group(self.nice, pid)
+        return failed
+
+    def _apply_each_thread(self, pid: int) -> list[str]:
         try:
             tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
         except OSError:
@@ -72,6 +87,29 @@ class Placement:
             except OSError as exc:
                 failed.append(f"nice of {tid}: {exc.strerror}")
         return failed
+
+
+def group_nice(pid: int | str = "self") -> int | None:
+    """The nice of the scheduling autogroup `pid` is in; None where the kernel keeps no autogroups."""
+    try:
+        text = Path(f"/proc/{pid}/autogroup").read_text()
+    except OSError:
+        return None
+    parts = text.split()
+    return int(parts[-1]) if len(parts) >= 3 and parts[-2] == "nice" else None
+
+
+def nice_own_group(nice: int, pid: int | str = "self") -> list[str]:
+    """Give the autogroup of `pid` (a session leader: its group is its own) at least this nice; returns what
+    failed. Nothing to do where the kernel keeps no autogroups."""
+    now = group_nice(pid)
+    if now is None or now >= nice:
+        return []
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(min(19, nice)))
+    except OSError as exc:
+        return [f"group nice of {pid}: {exc.strerror}"]
+    return []
 
 
 @dataclass(frozen=True)

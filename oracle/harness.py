@@ -25,6 +25,7 @@ import torch
 
 from oracle import floor, timing  # noqa: F401 - binds the clock and CUDA functions before any candidate code runs
 from oracle.build import BuildFailed, BuildRecord, install_build_hooks
+from oracle.cores import nice_own_group
 from oracle.protocol import BuildResult, CandidateJob, Case, Checked, OutputsReady, WorkerResult, receive, send
 from oracle.shared_tensors import export_tensor
 from tasks.runtime import TaskModule, exec_task_code, one_line, task_constants, tensors_in
@@ -47,6 +48,7 @@ def _enter_private(job_dir: Path) -> None:
     goes to a file, capped by RLIMIT_FSIZE once the job is read: writing past the cap kills the worker
     (SIGXFSZ)."""
     os.setsid()
+    nice_own_group(os.getpriority(os.PRIO_PROCESS, 0))  # the new session's scheduling group: the worker's nice
     _die_with_parent()
     os.chdir(job_dir)
     os.environ["TMPDIR"] = str(job_dir)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from oracle.cores import CorePlan, Placement, plan_cores
+from oracle.cores import CorePlan, Placement, group_nice, plan_cores
 from oracle.harness import build_entry
 from oracle.sandbox import Worker, _descendants, run_to_result
 
@@ -64,6 +64,7 @@ def _placement_seen(tmp_path: Path, placement: Placement | None) -> dict:
     try:
         outcome = run_to_result(worker, close=False)
         assert outcome.result is not None and outcome.result["error_kind"] is None, (outcome, worker.stderr_tail())
+        (tmp_path / "group_nice.json").write_text(json.dumps(group_nice(worker.process.pid)))
         return json.loads((worker.dir / "placement.json").read_text())
     finally:
         worker.close()
@@ -75,6 +76,8 @@ def test_a_worker_placed_on_a_core_runs_there_niced_and_so_do_its_threads_and_ch
     seen = _placement_seen(tmp_path, placement)
     expected = {"cores": [ALLOWED[-1]], "nice": placement.nice}
     assert seen == {"worker": expected, "thread": expected, "grandchild": expected}
+    if group_nice() is not None:  # the worker's own session is its own scheduling group: niced too
+        assert json.loads((tmp_path / "group_nice.json").read_text()) == placement.nice
     unplaced = _placement_seen(tmp_path, None)  # the same probe without a placement: every core, our nice
     assert unplaced["grandchild"] == {"cores": ALLOWED, "nice": OWN_NICE}
 
@@ -103,12 +106,14 @@ def test_a_running_process_is_placed_with_every_thread_and_child(tmp_path):
         word, child = proc.stdout.readline().split()
         assert word == "ready"
         placement = Placement(cores=(ALLOWED[0],), nice=min(19, OWN_NICE + 4))
+        ours = group_nice()
         assert placement.apply_to(proc.pid) == []
         pids = [proc.pid, *_descendants(proc.pid)]
         assert int(child) in pids
         states = {(pid, tid): _thread_state(pid, int(tid)) for pid in pids for tid in os.listdir(f"/proc/{pid}/task")}
         assert len(states) >= 3  # the main thread, its sleeping thread, the child
         assert set(states.values()) == {(str(ALLOWED[0]), placement.nice)}, states
+        assert group_nice() == ours  # it shares our session's group: that group (ours) is left alone
     finally:
         proc.stdin.close()
         proc.wait(30)
@@ -239,3 +244,18 @@ def test_a_header_maker_runs_on_the_build_cores_at_the_oracles_priority():
     finally:
         maker.kill()
         maker.wait()
+
+
+def test_a_session_leader_placed_while_running_gets_its_group_niced(tmp_path):
+    """A process in its own session is its own scheduling autogroup: its threads' nice alone would not make
+    it yield to the other groups (a niced build would share a core evenly with the timing worker)."""
+    if group_nice() is None or OWN_NICE >= 19:
+        pytest.skip("the kernel keeps no scheduling autogroups")
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        assert group_nice(proc.pid) == 0
+        assert Placement(cores=None, nice=min(19, OWN_NICE + 7)).apply_to(proc.pid) == []
+        assert group_nice(proc.pid) == min(19, OWN_NICE + 7)
+    finally:
+        proc.kill()
+        proc.wait()
