@@ -57,6 +57,10 @@ class OracleConfig:
     build_timeout_s: float = 900.0
     import_timeout_s: float = 300.0
     call_timeout_s: float = 60.0
+    # On a GPU, a call's device work after its forward returned (its launches are asynchronous), at least;
+    # 1000 times eager's call when that is longer. A kernel that never ends holds the device for this
+    # long, not for the call's minute (JIT compiles and first-call set-up happen inside forward).
+    gpu_work_timeout_s: float = 10.0
     time_timeout_s: float = 300.0
     compile_timeout_s: float = 600.0
     compile_workers: int | None = None  # torch.compile baselines made at once (default: a quarter of the cores, 1-4)
@@ -97,6 +101,13 @@ class OracleConfig:
     @property
     def wants_compile(self) -> bool:
         return self.device == "cuda" if self.compile_baseline is None else self.compile_baseline
+
+
+def gpu_work_limit_s(config: OracleConfig, eager: dict[str, Any] | None) -> float:
+    """A call's GPU work after its forward returned: `gpu_work_timeout_s`, or 1000 times eager's call
+    (eager's milliseconds read as seconds) when that is longer; never past the whole call's limit."""
+    eager_ms = (eager or {}).get("median_ms") or 0.0
+    return min(config.call_timeout_s, max(config.gpu_work_timeout_s, eager_ms))
 
 
 def gpu_arch() -> str | None:
@@ -479,7 +490,7 @@ class _CandidateRun:
             cache=str(oracle.builds.root), gpu_arch=oracle.gpu_arch, candidate_path="candidate.py",
             pch=str(oracle.pch) if oracle.pch else None, backend=self.candidate.backend,
             import_timeout_s=c.import_timeout_s, call_timeout_s=c.call_timeout_s, time_timeout_s=c.time_timeout_s,
-            threads=oracle.threads,
+            gpu_work_timeout_s=gpu_work_limit_s(c, ref.eager), threads=oracle.threads,
             # Per file (stderr, CPU output files): room for the outputs, not for filling the disk.
             max_file_bytes=max(MIN_FILE_CAP, 4 * ref.prepared.output_bytes),
             share_dir=str(self.share_dir) if self.share_dir else None)

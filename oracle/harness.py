@@ -495,6 +495,8 @@ def _run_candidate(conn: Connection, job: CandidateJob, warming: threading.Threa
             _poison_allocator(4 * sum(t.numel() * t.element_size() for t in in_tensors), device)
             send(conn, phase=f"call {i}", deadline_s=job.call_timeout_s)
             out = models[case.code](*inputs)
+            if device == "cuda":  # launched: what is left is device work, a kernel that never ends included
+                send(conn, phase=f"call {i}'s GPU work", deadline_s=job.gpu_work_timeout_s)
             timing.sync(device)
             outputs = _flat_outputs(out)
             bad = [type(t).__name__ for t in outputs if type(t) is not torch.Tensor]

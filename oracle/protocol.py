@@ -103,6 +103,7 @@ class CandidateJob(Record):
     import_timeout_s: float
     call_timeout_s: float
     time_timeout_s: float
+    gpu_work_timeout_s: float  # a call's device work once its forward returned (CUDA)
     threads: int
     max_file_bytes: int
     share_dir: str | None  # CPU: where outputs are written for the trusted side (a memory-backed folder)

@@ -203,3 +203,16 @@ def test_a_candidate_may_use_the_tasks_module_level_constants(oracle, task, firs
     borrows = uses.replace("ext.leaky_scale(x.contiguous(), negative_slope, scale)", "Model(0.05, 1.75)(x)")
     v = oracle.evaluate(task, borrows)
     assert v.status == "runtime_error" and "NameError" in v.message and "Model" in v.message, v.message
+
+
+def test_a_calls_gpu_work_limit_is_seconds_unless_eager_itself_is_slow():
+    """A kernel that never ends is caught once its call's launches returned and the GPU work passed the
+    limit: 10 s, or 1000 times eager's call for a task whose eager call is slow, never past the call's."""
+    from oracle.evaluate import gpu_work_limit_s
+
+    c = OracleConfig(device="cuda")
+    assert gpu_work_limit_s(c, {"median_ms": 0.05}) == 10.0
+    assert gpu_work_limit_s(c, None) == 10.0  # no eager time (a reference that could not be timed)
+    assert gpu_work_limit_s(c, {"median_ms": 25.0}) == 25.0
+    assert gpu_work_limit_s(c, {"median_ms": 400.0}) == c.call_timeout_s
+    assert gpu_work_limit_s(OracleConfig(device="cuda", call_timeout_s=5.0), {"median_ms": 0.05}) == 5.0

@@ -52,8 +52,11 @@ def test_illegal_address_fails_the_candidate_not_the_oracle(oracle):
 
 
 def test_gpu_hang_times_out(oracle):
+    """A kernel that never ends is caught by the GPU-work limit (10 s), not by the whole call's (20 s here):
+    while it runs, no other candidate can be timed."""
     v = evaluate(oracle, "level2/2_ConvTranspose2d_BiasAdd_Clamp_Scaling_Clamp_Divide", "hang")
     assert v.status == "timeout", v.message
+    assert "GPU work" in v.message and v.verify_s < 18, (v.message, v.verify_s)
     assert evaluate(oracle, "level1/19_ReLU", "correct").status == "correct"
 
 
