@@ -182,7 +182,8 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
     records = [{**(r.get("verdict") or {}), **{k: v for k, v in r.items() if k != "verdict"}} for r in records]
     judged = [r for r in records if r.get("duplicate_of") is None and r.get("hash")]
     wall = (ended or max((r.get("recorded_at") or started for r in judged), default=started)) - started
-    # a candidate's device time: its phases but `waiting` (for memory, the device lock, the reference process)
+    # a candidate's device time: its phases but `waiting` (for memory, the device lock, the reference process);
+    # since a task is prepared beside its first build, its reference and eager timing are in no verdict
     device_s = [sum(v for k, v in (r.get("device_s") or {}).items() if k != "waiting") for r in judged]
     phases: dict[str, list[float]] = {}
     for r in judged:

@@ -13,6 +13,7 @@ import faulthandler
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
@@ -36,6 +37,10 @@ class OracleActor:
         # candidates on the device at once: their checks overlap, their timing does not (oracle.device_lock)
         self.device_slots = asyncio.Semaphore(config.device_slots)
         self.busy = {"building": 0, "timing": 0, "queued": 0}
+        self._preparing: dict[str, asyncio.Future] = {}  # per task code: its reference made beside the first build
+        # threads of their own: waiting for the reference process or the device, they would otherwise take
+        # the default executor's threads from the builds and checks
+        self._prepare_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="prepare")
         self.build_s = 0.0
         self.started = time.time()
 
@@ -43,6 +48,7 @@ class OracleActor:
         """Build (a CPU slot), then check and time (the device slot); the verdict as JSON."""
         task = Task.from_json(task_json)
         candidate = Candidate(**candidate_json)
+        self._prepare(task)
         self.busy["queued"] += 1
         async with self.build_slots:
             self.busy["queued"] -= 1
@@ -54,6 +60,16 @@ class OracleActor:
                 self.busy["building"] -= 1
                 self.build_s += time.perf_counter() - t0
         return await self._checked_and_timed(task, candidate, build)
+
+    def _prepare(self, task: Task) -> None:
+        """The first time a task is asked for: its reference, eager timing and compile baseline start now, in
+        a thread, beside the candidate's build (`Oracle.prepare_task`)."""
+        if task.code in self._preparing:
+            return
+        loop = asyncio.get_running_loop()
+        preparing = loop.run_in_executor(self._prepare_threads, self.oracle.prepare_task, task, self._quiet(loop))
+        preparing.add_done_callback(_log_failure)
+        self._preparing[task.code] = preparing
 
     async def retime(self, task_json: dict[str, Any], candidate_json: dict[str, Any]) -> dict[str, Any]:
         """Check and time a candidate again in a fresh worker (the best kernel, before it is reported), with
@@ -142,3 +158,10 @@ class OracleActor:
                 "device_phases_s": dict(self.oracle.device_s),
                 "device_slots": self.oracle.config.device_slots, "build_s": self.build_s,
                 "alive_s": time.time() - self.started, "pid": os.getpid()}
+
+
+def _log_failure(done: asyncio.Future) -> None:
+    """A preparation that failed costs its head start only (the check makes the reference again): say why in
+    the actor's log."""
+    if not done.cancelled() and done.exception() is not None:
+        print(f"preparing a task failed: {type(done.exception()).__name__}: {done.exception()}", flush=True)

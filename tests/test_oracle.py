@@ -216,3 +216,18 @@ def test_a_calls_gpu_work_limit_is_seconds_unless_eager_itself_is_slow():
     assert gpu_work_limit_s(c, {"median_ms": 25.0}) == 25.0
     assert gpu_work_limit_s(c, {"median_ms": 400.0}) == c.call_timeout_s
     assert gpu_work_limit_s(OracleConfig(device="cuda", call_timeout_s=5.0), {"median_ms": 0.05}) == 5.0
+
+
+def test_a_task_prepared_beside_its_first_build_is_ready_for_its_first_check(cache, task, first_correct):
+    """The oracle actor prepares a task (reference, eager timing, compile baseline) while the task's first
+    candidate builds: the check then makes nothing, and the seconds count in the oracle's totals."""
+    fast = TimingParams(warmup_calls=2, min_calls=5, max_calls=20, target_s=0.2, wall_calls=5)
+    o = Oracle(OracleConfig(device="cpu", cache_dir=cache, timing=fast, call_timeout_s=20))
+    try:
+        o.prepare_task(task)
+        made_s = o.device_s["reference"]
+        v = o.evaluate(task, text("correct"))  # its build is cached: the check follows at once
+    finally:
+        o.close()
+    assert v.status == "correct", v.message
+    assert made_s > 0 and "reference" not in v.device_s and "baselines" not in v.device_s, v.device_s
