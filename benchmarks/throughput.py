@@ -210,7 +210,15 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
     for r in judged:  # where a correct candidate's worker spent its time (samples.jsonl keeps the timing details)
         for k, v in ((r.get("timing") or {}).get("worker_phases") or {}).items():
             worker_phases.setdefault(re.sub(r"\d+", "N", k), []).append(v)
+    config = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
+    # before the first build: the run's own start (tasks, Ray, engine), and when each oracle was ready
+    startup = {**config.get("startup_s", {}),
+               "oracles_ready_at_s": [round(o["ready_at"] - started, 1) for o in config.get("oracles_started", [])
+                                      if o.get("ready_at")],
+               "oracle_init_s": [o.get("init_s") for o in config.get("oracles_started", [])],
+               "first_verdict_at_s": min((v["at_s"] for v in verdicts), default=None)}
     return {"candidates": len(judged), "wall_s": wall, "per_min": 60 * len(judged) / wall if judged and wall > 0 else 0.0,
+            "startup": startup,
             "device_s_p50": pct(device_s, 0.5), "device_s_p95": pct(device_s, 0.95),
             "phases_p50": {k: pct(v, 0.5) for k, v in phases.items()}, "phases_sum": {k: sum(v) for k, v in phases.items()},
             "worker_phases_p50": {k: pct(v, 0.5) for k, v in worker_phases.items()},
@@ -300,6 +308,7 @@ def main() -> None:
               f"build p50 {o['build_p50_s']}, p90 {o['build_p90_s']}; verdicts as expected {o['as_expected']}/{o['candidates']}")
         print(f"worker phases p50 (s): {o['worker_phases_p50']}")
         print(f"fresh builds: {o['how_built']}")
+        print(f"startup: {o['startup']}")
     if args.peer and report["peer"].get("candidates"):
         p = report["peer"]
         print(f"peer: {p['candidates']} candidates in {p['wall_s']:.0f} s = {p['per_min']:.2f} a minute "

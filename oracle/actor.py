@@ -28,7 +28,9 @@ from tasks.model import Task
 class OracleActor:
     def __init__(self, config: OracleConfig, build_slots: int, gate: Any = None, gate_key: str | None = None) -> None:
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)  # kill -USR1: the threads' stacks, to its log
+        t0 = time.perf_counter()
         self.oracle = Oracle(config)
+        self.init_s = {"oracle": round(time.perf_counter() - t0, 3), **self.oracle.init_s}
         self.gate, self.gate_key = gate, gate_key  # optional: pause generation on a shared GPU while timing
         self.holder = ray.get_runtime_context().get_actor_id()
         if gate is not None:  # restarted after dying mid-timing: drop the pause the dead one held
@@ -157,7 +159,8 @@ class OracleActor:
         return {**self.busy, "device_busy_s": lock.busy_now(), "device_exclusive_s": lock.exclusive_s,
                 "device_phases_s": dict(self.oracle.device_s),
                 "device_slots": self.oracle.config.device_slots, "build_s": self.build_s,
-                "alive_s": time.time() - self.started, "pid": os.getpid()}
+                "alive_s": time.time() - self.started, "ready_at": self.started, "init_s": self.init_s,
+                "pid": os.getpid()}
 
 
 def _log_failure(done: asyncio.Future) -> None:

@@ -151,8 +151,19 @@ class Oracle:
 
     def __init__(self, config: OracleConfig | None = None) -> None:
         self.config = c = config or OracleConfig()
+        # Seconds of this start by step: a cold run's first build waits for it (`OracleActor.stats`).
+        self.init_s: dict[str, float] = {}
+        mark = time.perf_counter()
+
+        def step(name: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            self.init_s[name] = round(now - mark, 3)
+            mark = now
+
         self.gpu_arch = gpu_arch() if c.device == "cuda" else None
         self.device_name = gpu_name() if c.device == "cuda" else "cpu"
+        step("gpu query")
         # Fixed here, not inherited: a Ray actor's OMP_NUM_THREADS=1 would otherwise time CPU baselines
         # single-threaded in one run and multi-threaded in the next, under one cache key.
         self.threads = c.threads or os.cpu_count() or 1
@@ -167,8 +178,10 @@ class Oracle:
         self.builds = CandidateBuilds(builds_root, self.gpu_arch, self.pch, c.build_timeout_s, self.quiet)
         if c.device == "cuda":  # CUDA candidates mostly keep load_inline's default C++ flags: their header, now
             self.builds.request_default_header(with_cuda=True)
+        step("builds and header")
         self.memory = MemoryBudget(int(c.candidate_memory * _device_memory(c.device)))
         compile_memory = MemoryBudget(int(c.compile_memory * _device_memory(c.device)))
+        step("device memory")
         settings = ReferenceSettings(
             device=c.device, device_name=self.device_name, threads=self.threads, check_seeds=c.check_seeds,
             extra_size_seed=c.extra_size_seed, timing_seeds=c.timing_seeds, init_seed=c.init_seed, timing=c.timing,
@@ -182,6 +195,7 @@ class Oracle:
         self.device_s: dict[str, float] = {"reference": 0.0, "baselines": 0.0, "checks": 0.0, "timing": 0.0}
         self.standby = StandbyWorkers(c.device, c.device_slots if c.standby_workers is None else c.standby_workers,
                                       self.quiet.running)
+        step("references and standby")
 
     def alone(self, own: Worker | None = None):
         return self.quiet.alone(own)

@@ -258,6 +258,7 @@ def run_command(
 ) -> None:
     """Search: sample n candidates per task, verify and time each, keep the best kernel."""
     import asyncio
+    import time
 
     from search.controller import SearchPlan
     from search.generators.base import GeneratorError
@@ -266,6 +267,7 @@ def run_command(
     from strategies import STRATEGIES
     from tasks.model import Task
 
+    startup_s: dict[str, float] = {}  # what this invocation spent before the search began (config.json)
     if resume is not None:
         try:
             store = RunStore.open(resume)
@@ -296,9 +298,11 @@ def run_command(
             tasks = ",".join(named)
             err_console.print(f"tasks: the {plural(len(named), 'task')} that {escape(generator)} names "
                               "(select others with --tasks, --level or --ids)", highlight=False, soft_wrap=True)
+        began = time.perf_counter()
         loaded = select_tasks(source, level, ids, tasks, max_input_mb, dev)
         if not loaded.tasks:
             fail("no tasks selected")
+        startup_s["tasks"] = round(time.perf_counter() - began, 2)
         task_list = loaded.tasks
         plan = SearchPlan(n=n, rounds=rounds, target_speedup=target_speedup, early_stop=not no_early_stop,
                           seed=seed, max_tokens=max_tokens)
@@ -311,13 +315,17 @@ def run_command(
         recorded = []
     with err_console.status("starting Ray and the generator...", spinner="dots"):
         try:
+            began = time.perf_counter()
             resources = start_ray(settings.address, settings.device)
+            startup_s["ray"] = round(time.perf_counter() - began, 2)
             engine = asyncio.run(build_engine(settings))
+            startup_s["engine"] = round(time.perf_counter() - began - startup_s["ray"], 2)
         except (GeneratorError, RuntimeError) as exc:
             fail(str(exc))
     if resume is None:
         try:
-            store = RunStore.create(out, make_config(settings, task_list, engine.generator_info, resources))
+            store = RunStore.create(out, {**make_config(settings, task_list, engine.generator_info, resources),
+                                          "startup_s": startup_s})
         except StoreError as exc:
             fail(str(exc))
     from search.progress import RunProgress

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import platform
 import sys
@@ -184,4 +185,17 @@ async def run_search(settings: RunSettings, tasks: list[Task], store: RunStore, 
         store.update_config(generator_info=engine.generator_info)
     controller = Controller(settings.plan, engine.strategy, engine.generator, engine.pool, store, on_record,
                             device=settings.device)
-    await controller.run(tasks)
+    started = asyncio.ensure_future(_record_oracle_start(engine.pool, store))
+    try:
+        await controller.run(tasks)
+    finally:
+        started.cancel()
+
+
+async def _record_oracle_start(pool: OraclePool, store: RunStore) -> None:
+    """Once every oracle answers: when each became ready and what its start spent (`oracles_started` in
+    config.json, beside Ray's `started_at`), so that a cold run's wait for its first build can be read back."""
+    stats = await pool.stats()
+    with contextlib.suppress(OSError):  # a diagnostic: never the run's failure
+        store.update_config(oracles_started=[{"node": s.get("node_label"), "ready_at": s.get("ready_at"),
+                                              "init_s": s.get("init_s")} for s in stats if "ready_at" in s])

@@ -129,6 +129,10 @@ def test_run_replay_end_to_end_with_dedup_and_best(tmp_path, env):
     assert line["schema"] == 2 and {"verdict", "candidate", "completion", "tokens_in", "tokens_out"} <= set(line)
     config = json.loads((out / "config.json").read_text())
     assert config["plan"]["n"] == 6 and config["tasks"][0]["id"] == TASK and config["generator_info"]["kind"] == "replay"
+    # what came before the search, read back: this invocation's start, and when the oracle was ready
+    assert set(config["startup_s"]) == {"tasks", "ray", "engine"} and config["startup_s"]["ray"] > 0
+    (oracle,) = config["oracles_started"]
+    assert oracle["ready_at"] > config["started_at"] - 120 and {"oracle", "gpu query", "device memory"} <= set(oracle["init_s"])
     best = json.loads((out / "best" / "builtin__1_LeakyReLU_Scale.json").read_text())
     assert best["status"] == "correct" and best["retimed"]
     assert "ModelNew" in (out / "best" / "builtin__1_LeakyReLU_Scale.py").read_text()
