@@ -480,7 +480,7 @@ def test_a_replica_killed_mid_run_and_the_run_finishes(tmp_path, env, monkeypatc
 def test_oracles_start_while_the_generator_loads_unless_they_share_its_gpu(tmp_path, env, monkeypatch, share):
     """Apart from the generator's GPU, an oracle's start (and a GPU oracle's first precompiled header) overlaps
     the model's load; on a GPU it shares, the oracle starts only once the generator is up (vLLM measures the
-    GPU's free memory as it loads). The replay generator here takes 6 s to start, as a model would."""
+    GPU's free memory as it loads). The replay generator here takes 10 s to start, as a model would."""
     import time
 
     import ray
@@ -491,7 +491,7 @@ def test_oracles_start_while_the_generator_loads_unless_they_share_its_gpu(tmp_p
     monkeypatch.setenv("KERNELSEARCH_CACHE", env["KERNELSEARCH_CACHE"])
     replay = write_replay(tmp_path / "r.jsonl", ["correct"])
     settings = RunSettings(generator=f"replay:{replay}", strategy="zero-shot", device="cpu", plan=SearchPlan(n=1),
-                           share_generator=share, generator_options={"load_s": 6.0})
+                           share_generator=share, generator_options={"load_s": 10.0})
     start_ray(None, "cpu")
 
     async def main():
