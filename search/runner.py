@@ -194,7 +194,7 @@ async def run_search(settings: RunSettings, tasks: list[Task], store: RunStore, 
 
 async def _record_oracle_start(pool: OraclePool, store: RunStore) -> None:
     """Once every oracle answers: when each became ready and what its start spent (`oracles_started` in
-    config.json, beside Ray's `started_at`), so that a cold run's wait for its first build can be read back."""
+    config.json, beside the run's `started_at`), so that a cold run's wait for its first build can be read back."""
     stats = await pool.stats()
     with contextlib.suppress(OSError):  # a diagnostic: never the run's failure
         store.update_config(oracles_started=[{"node": s.get("node_label"), "ready_at": s.get("ready_at"),
