@@ -317,9 +317,9 @@ def run_command(
         try:
             began = time.perf_counter()
             resources = start_ray(settings.address, settings.device)
-            startup_s["ray"] = round(time.perf_counter() - began, 2)
+            ray_up = time.perf_counter()
             engine = asyncio.run(build_engine(settings))
-            startup_s["engine"] = round(time.perf_counter() - began - startup_s["ray"], 2)
+            startup_s.update(ray=round(ray_up - began, 2), engine=round(time.perf_counter() - ray_up, 2))
         except (GeneratorError, RuntimeError) as exc:
             fail(str(exc))
     if resume is None:
