@@ -143,7 +143,10 @@ def score(timing: dict[str, Any], eager: dict[str, Any] | None, floor: dict[str,
     if ratio > max(1.5, 1.5 * eager_ratio) and wall_ms - time_ms > 0.05:
         flags.append("wall_clock_disagrees")
         time_ms = wall_ms
-    busy = min(1.0, kernel_ms / time_ms) if kernel_ms is not None and time_ms > 0 else None
+    # The events hold a call's GPU work alone (the host issues each batch behind a head start); the wall
+    # clock, calls back to back, holds what issuing them costs too. Busy under half of that: launch-bound.
+    per_call_ms = max(time_ms, wall_ms)
+    busy = min(1.0, kernel_ms / per_call_ms) if kernel_ms is not None and per_call_ms > 0 else None
     if busy is not None and busy < LAUNCH_BOUND_BUSY:
         flags.append("launch_bound")  # the time is mostly launch overhead, not the kernels' work
     info: dict[str, Any] = {"candidate": timing, "eager": eager or None, "gpu_busy_fraction": busy}

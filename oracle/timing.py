@@ -1,9 +1,14 @@
 """Time a callable the way docs/oracle.md's "Timing" asks, for candidates and baselines alike.
 
 GPU: warm-up; then each call between two CUDA events, with the L2 cache flushed before it and the inputs
-rotated among several pre-made sets; the median of enough calls that its spread is small. Then a block of
-calls timed by the wall clock and synchronised once at the end: the cross-check against work the events
-did not see (a side stream, a background thread). CPU: the same protocol with `perf_counter`.
+rotated among several pre-made sets; the median of enough calls that its spread is small. Calls are issued
+in batches, each behind a head start: the GPU spins (`torch.cuda._sleep`) for about twice as long as the
+host took to issue the last batch, so every call of the batch is queued before the GPU reaches it and its
+events hold its GPU work alone, however slowly a busy host issues it. Without it, a launch-bound kernel
+timed beside a machine full of compilers was timed at 2-3x its quiet time: the GPU waited between the
+call's launches inside the events. Then a block of calls timed by the wall clock and synchronised once at
+the end: the cross-check against work the events did not see (a side stream, a background thread, time
+the host spends between launches). CPU: the same protocol with `perf_counter`.
 
 The functions this module relies on are bound when it is imported, before any candidate code runs, so a
 candidate that patches `torch.cuda.synchronize`, `torch.cuda.Event` or `time.perf_counter` afterwards
@@ -27,9 +32,11 @@ _event_record = torch.cuda.Event.record
 _event_elapsed = torch.cuda.Event.elapsed_time
 _cuda_synchronize = torch.cuda.synchronize
 _tensor_zero = torch.Tensor.zero_
+_cuda_spin = torch.cuda._sleep  # a kernel that spins for a number of GPU clock cycles
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # several times the H200's 60 MB L2
 WALL_BLOCK_S = 0.2  # a wall-clock block of a slow kernel is cut to about this long
+HEAD_START_MS = (0.5, 20.0)  # the GPU's spin before a batch: at least, at most
 
 
 @dataclass
@@ -171,14 +178,49 @@ def _time_cpu(fn, input_sets, params: TimingParams, keep=None) -> list[float]:
     return samples
 
 
+def head_start_ms(issue_ms: float, calls_then: int, calls_next: int) -> float:
+    """The GPU's spin before the next batch: twice what issuing `calls_next` calls took the host, at the
+    rate of the last batch (`calls_then` calls in `issue_ms`), within HEAD_START_MS; before any batch, the
+    most. A candidate that synchronises inside its call makes the host wait for the spin itself: the cap
+    bounds that cost."""
+    low, high = HEAD_START_MS
+    if calls_then <= 0:
+        return high
+    per_call = issue_ms / max(1, calls_then)
+    return min(high, max(low, 2.0 * per_call * calls_next))
+
+
+def _spin_cycles_per_ms() -> float:
+    """GPU clock cycles a millisecond of `torch.cuda._sleep` takes, measured once per process."""
+    global _CYCLES_PER_MS
+    if _CYCLES_PER_MS is None:
+        cycles = 1_000_000
+        _cuda_spin(cycles)  # the first launch loads the kernel
+        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+        _event_record(start)
+        _cuda_spin(cycles)
+        _event_record(end)
+        _cuda_synchronize()
+        _CYCLES_PER_MS = cycles / max(1e-3, _event_elapsed(start, end))
+    return _CYCLES_PER_MS
+
+
+_CYCLES_PER_MS: float | None = None
+
+
 def _time_cuda(fn, input_sets, params: TimingParams, keep=None) -> list[float]:
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda") if params.flush_l2 else None
+    cycles_per_ms = _spin_cycles_per_ms()
     samples: list[float] = []
     spent_ms = 0.0
+    issued = (0.0, 0)  # the last batch: the host's milliseconds to issue it, and its calls
     # Calls are issued in batches so that the host never waits on each one; events are read per batch.
     while params.wants_more(len(samples), spent_ms / 1e3):
+        size = params.next_batch(len(samples), spent_ms / 1e3)
+        _cuda_spin(int(head_start_ms(issued[0], issued[1], size) * cycles_per_ms))
+        t0 = _perf_counter()
         batch = []
-        for _ in range(params.next_batch(len(samples), spent_ms / 1e3)):
+        for _ in range(size):
             index = (len(samples) + len(batch)) % len(input_sets)
             inputs = input_sets[index]
             if flush is not None:
@@ -190,6 +232,7 @@ def _time_cuda(fn, input_sets, params: TimingParams, keep=None) -> list[float]:
             if keep is not None:
                 keep(index, out)
             batch.append((start, end))
+        issued = ((_perf_counter() - t0) * 1e3, size)
         _cuda_synchronize()
         for start, end in batch:
             ms = _event_elapsed(start, end)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from oracle.compare import compare
-from oracle.timing import TimingParams, time_calls
+from oracle.timing import HEAD_START_MS, TimingParams, head_start_ms, time_calls
 
 
 def test_within_tolerance_passes_and_beyond_fails():
@@ -160,3 +161,14 @@ def test_the_gpu_timer_issues_no_batch_past_what_the_slow_cut_wants():
         n = p.next_batch(calls, spent)
         calls, spent = calls + n, spent + n * 0.0002
     assert calls == p.max_calls
+
+
+def test_the_gpus_head_start_is_twice_what_the_host_took_to_issue_a_batch():
+    """Before each batch of timed calls the GPU spins for about twice the host's issuing time at the last
+    batch's rate, so that every call is queued before the GPU reaches it (oracle.timing)."""
+    low, high = HEAD_START_MS
+    assert head_start_ms(0.0, 0, 5) == high  # nothing issued yet: the most
+    assert head_start_ms(2.0, 10, 10) == pytest.approx(4.0)  # 0.2 ms a call, ten calls
+    assert head_start_ms(2.0, 10, 5) == pytest.approx(2.0)  # the same rate, half the calls
+    assert head_start_ms(0.01, 10, 10) == low  # a fast host: the floor
+    assert head_start_ms(500.0, 2, 10) == high  # a call that waits on the GPU itself: the cap

@@ -63,6 +63,14 @@ def test_score_correct_with_speedup_and_flags():
     assert "launch_bound" in launch["flags"] and launch["timing"]["gpu_busy_fraction"] == pytest.approx(0.1)
 
 
+def test_a_call_whose_launches_take_longer_than_its_gpu_work_is_launch_bound():
+    """The events see a call's GPU work (0.9 of its 1 ms); issued back to back, each call takes 3 ms of the
+    wall clock, as eager's do (so the clocks do not disagree): the GPU is busy 30% of the time."""
+    fields = judge.score(timing(1.0, wall=3.0), {"median_ms": 2.0, "wall_ms": 6.0}, None, [], kernel_ms=0.9)
+    assert "wall_clock_disagrees" not in fields["flags"] and fields["time_ms"] == 1.0
+    assert "launch_bound" in fields["flags"] and fields["timing"]["gpu_busy_fraction"] == pytest.approx(0.3)
+
+
 def test_score_falls_back_to_the_wall_clock_and_rejects_below_the_floor():
     missed = judge.score(timing(0.1, wall=1.0), {"median_ms": 1.0, "wall_ms": 1.0}, None, [])
     assert "wall_clock_disagrees" in missed["flags"] and missed["time_ms"] == 1.0

@@ -98,6 +98,28 @@ def test_outputs_reach_the_trusted_side_in_device_memory(torch_oracle):
     assert "reference" not in wrong.device_s and "baselines" not in wrong.device_s
 
 
+def test_events_hold_a_calls_gpu_work_not_a_slow_hosts_gaps_between_its_launches():
+    """A call whose two tiny kernels are launched 0.3 ms apart (a host that busy compilers slow down, in
+    miniature): behind the timer's head start its events hold its GPU work (microseconds), and the wall
+    clock, calls back to back, still shows what issuing them costs."""
+    import time
+
+    from oracle.timing import TimingParams, time_calls
+
+    x = torch.zeros(1024, device="cuda")
+
+    def call(x):
+        x.add_(1)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 3e-4:
+            pass
+        return x.add_(1)
+
+    t = time_calls(call, [[x]], "cuda", TimingParams(target_s=0.1))
+    assert t.median_ms < 0.1, t
+    assert t.wall_ms > 0.3, t
+
+
 def test_a_cold_builds_first_kernel_finds_the_default_header_made_and_builds_at_the_lite_rung(tmp_path):
     """A GPU oracle asks for the precompiled header of load_inline's default flags as it starts; once made, a
     cold build of a kernel that keeps those flags uses it (the key the trusted side computed is the one the
