@@ -9,7 +9,8 @@ Every correct candidate under `benchmarks/candidates/` of the selected tasks (CU
 a CPU) is timed two ways:
 
 1. the yardstick: a minimal event timer of its own (benchmarks/event_timer.py: fixed inputs, L2 flushed,
-   100 calls, the median), in a fresh process on a quiet machine, after every build is done;
+   the lowest of three rounds' medians of 100 calls), in a fresh process on a quiet machine, after every
+   build is done;
 2. kernelsearch: `Oracle.check_and_time`, `--timings` times, each in a fresh worker process, while
    `--storm` cold builds run beside it (default: one per core but one, as 15 nvcc builds held 16 cores
    when launch-bound kernels measured 2-10x slow). The builds go through the same oracle, so what it does
@@ -233,7 +234,8 @@ def yardstick(cases: list[Case], oracle: Oracle, device: str, timeout_s: float) 
                 except ValueError:
                     continue
                 found[data["label"]] = data
-                what = f"{data['median_ms']:.4f} ms" if "median_ms" in data else data.get("error")
+                rounds = ", ".join(f"{ms:.4f}" for ms in data.get("round_ms", []))
+                what = f"{data['median_ms']:.4f} ms (rounds {rounds})" if "median_ms" in data else data.get("error")
                 print(f"  quiet event timer: {data['label'].split('@')[0]}: {what}", flush=True)
             proc.wait()
         finally:
@@ -437,7 +439,7 @@ def main() -> None:
           f"{time.monotonic() - t0:.0f} s", flush=True)
 
     # 2. The yardstick, on a quiet machine.
-    print("\nthe minimal event timer, quiet (fixed inputs, L2 flushed, 100 calls):", flush=True)
+    print("\nthe minimal event timer, quiet (fixed inputs, L2 flushed, 3 rounds of 100 calls):", flush=True)
     timeable = [c for c in cases if isinstance(c.candidate, Candidate) and c.build and c.build.ok]
     with compilers_stopped(oracle):
         found = yardstick(timeable, oracle, args.device, timeout_s=max(60.0, args.budget_s))
