@@ -22,7 +22,7 @@ from oracle.verdict import Verdict
 from search.generators.base import Completion, SampleRequest
 from search.pool import OraclePool
 from search.stop import StopRule
-from search.store import RunStore, SampleRecord
+from search.store import CompileBaseline, RunStore, SampleRecord, with_baseline
 from strategies.base import Attempt, Strategy
 from tasks.model import Task
 
@@ -58,6 +58,7 @@ class TaskState:
     stop_reason: str = ""
     requests: set[str] = field(default_factory=set)
     prepare_steps: list[dict[str, Any]] = field(default_factory=list)  # helper steps of Strategy.prepare
+    baseline: CompileBaseline | None = None  # the task's torch.compile baseline, once recorded
 
 
 class StrategyTools:
@@ -114,6 +115,7 @@ class Controller:
         self.device = device  # the oracles' device, which verdicts made here (no code) name too
         self.on_record = on_record or (lambda record: None)
         self.recorded: dict[tuple[str, int], SampleRecord] = {r.key: r for r in store.samples()}  # by slot
+        self.baselines = store.baselines()  # by task, on resume
         self.oracle_slots = asyncio.Semaphore(pool.capacity)  # no more in flight than the oracles can work on
         # rounds of one chain build on each other; otherwise every sample starts afresh and is a chain of its own
         self.chained = not (strategy.shares_prompt(1) or plan.rounds == 1)
@@ -146,6 +148,7 @@ class Controller:
 
     def _replay_recorded(self, state: TaskState) -> None:
         """On resume, earlier samples count toward the stop rule, the best kernel and de-duplication."""
+        state.baseline = self.baselines.get(state.task.id)
         for r in sorted((r for r in self.recorded.values() if r.task == state.task.id), key=lambda r: r.sample_index):
             if r.hash and r.verdict is not None and r.hash not in state.verdicts:
                 fut = asyncio.get_running_loop().create_future()
@@ -243,8 +246,11 @@ class Controller:
                     verdict = await self._evaluate_new(state, candidate, rnd * self.plan.n + chain)
                     if verdict.correct and verdict.time_ms is not None:  # before another candidate takes the slot
                         self._stop_if_fast(state, verdict.speedup_vs_eager)
-            if verdict is not None:  # out of the slot: waiting for the torch.compile baseline holds none
-                verdict = await self._with_compile_baseline(state, candidate, verdict)
+            if verdict is not None:
+                # Recorded as judged; out of the slot, it then waits for its task's torch.compile baseline,
+                # holding none (the baseline can take minutes: a run cut meanwhile keeps the verdict).
+                state.verdicts[candidate.hash].set_result(verdict)
+                return await self._with_compile_baseline(state, record(verdict, candidate))
         duplicate_of = None
         if verdict is None:
             duplicate_of = state.first_sample.get(candidate.hash)
@@ -253,7 +259,7 @@ class Controller:
 
     async def _evaluate_new(self, state: TaskState, candidate: Candidate, sample_index: int) -> Verdict:
         """Judge a candidate not seen before in this task; later samples with its hash await the same verdict
-        (set by `_with_compile_baseline`, once it is complete)."""
+        (the caller sets it, as soon as it is judged)."""
         state.verdicts[candidate.hash] = asyncio.get_running_loop().create_future()
         state.first_sample[candidate.hash] = sample_index
         try:
@@ -262,14 +268,24 @@ class Controller:
             state.verdicts.pop(candidate.hash).cancel()
             raise
 
-    async def _with_compile_baseline(self, state: TaskState, candidate: Candidate, verdict: Verdict) -> Verdict:
-        try:
-            verdict = await self.pool.with_compile_baseline(state.task, verdict)
-        except BaseException:
-            state.verdicts.pop(candidate.hash).cancel()
-            raise
-        state.verdicts[candidate.hash].set_result(verdict)
-        return verdict
+    async def _with_compile_baseline(self, state: TaskState, record: SampleRecord) -> SampleRecord:
+        """A correct sample, once its task's torch.compile baseline is measured: the baseline is recorded
+        (once a task), and every correct sample of the task recorded without it gets it here and in the
+        reader (`search.store.read_samples`). The record as it stands then."""
+        verdict = record.verdict
+        if verdict is None or not verdict.correct or state.baseline is not None:
+            return self.recorded.get(record.key, record)
+        baseline = CompileBaseline.of(await self.pool.with_compile_baseline(state.task, verdict), time.time())
+        if baseline is None:  # this run measures no compile baseline (on a CPU by default)
+            return record
+        if state.baseline is None:  # another sample of the task may have brought it meanwhile
+            state.baseline = baseline
+            self.store.append_baseline(baseline)
+            for key, r in list(self.recorded.items()):
+                if r.task == state.task.id and (updated := with_baseline(r, baseline)) is not r:
+                    self.recorded[key] = updated
+                    self.on_record(updated)
+        return self.recorded.get(record.key, record)
 
     def _record(self, state: TaskState, rnd: int, chain: int, messages, completion: Completion,
                 verdict: Verdict | None, candidate: Candidate | None, duplicate_of: int | None,
@@ -285,6 +301,7 @@ class Controller:
             finish_reason=completion.finish_reason, replica=completion.replica, node=getattr(verdict, "node", None),
             oracle_device_s=verdict.candidate_device_s if verdict is not None and duplicate_of is None else 0.0,
             messages=messages, agent_steps=list(agent_steps or []), recorded_at=time.time())
+        record = with_baseline(record, state.baseline)  # a correct sample judged after its task's baseline
         if verdict is None and not completion.text:
             return record  # nothing generated: a cancelled slot is not a sample
         self.store.append(record)

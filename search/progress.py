@@ -108,8 +108,23 @@ class RunProgress:
         self.last_update[tid] = self.clock()
         self.done += 1
 
+    def _replace(self, record: SampleRecord) -> bool:
+        """A sample recorded again (with its task's compile baseline): it takes its earlier record's place and
+        the task's figures are counted again. False when the sample is new."""
+        rows = self.by_task.get(record.task, [])
+        at = next((i for i, r in enumerate(rows) if r.sample_index == record.sample_index), None)
+        if at is None:
+            return False
+        rows[at] = record
+        self.stats[record.task] = TaskStats(record.task, self.levels[record.task])
+        for r in rows:
+            RunStats._add(self.stats[record.task], r)
+        return True
+
     def record(self, record: SampleRecord) -> None:
         with self._lock:
+            if self._replace(record):
+                return
             first_correct = record.correct and self.stats.get(record.task, TaskStats("", "")).correct == 0
             self._add(record)
         if self.live_mode:

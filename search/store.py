@@ -5,10 +5,14 @@
 - `samples.jsonl`: one `SampleRecord` a line, appended and flushed (fsync) as each sample completes. A crash
   can only tear the last line, which was never recorded: `read_samples` does not read it and
   `RunStore.open` cuts it, so a resumed run records no sample twice and loses none.
+- `baselines.jsonl`: one `CompileBaseline` a line: a task's `torch.compile` time, recorded once it is
+  measured. A correct sample is recorded as soon as it is judged, before its task's compile baseline
+  (compiled in the background, it can take minutes), so a run cut short keeps every verdict it reached.
 - `best/`: the best kernel of each task (`<task>.py`) and its re-timed verdict (`<task>.json`).
 
-`read_samples` is the one reader of `samples.jsonl`; it also reads the flat records that runs wrote before
-`SampleRecord` (no `schema` field), so old run folders still report.
+`read_samples` is the one reader of `samples.jsonl` and of the `baselines.jsonl` beside it: it gives each
+correct verdict that was recorded before its task's baseline its `torch.compile` speedup. It also reads
+the flat records that runs wrote before `SampleRecord` (no `schema` field), so old run folders still report.
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ import math
 import os
 import re
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from oracle import judge
 from oracle.candidate import BACKENDS, Candidate
 from oracle.extract import extract_source
 from oracle.verdict import CANCELLED, SAMPLE_STATUSES, Verdict, is_judged
@@ -29,6 +34,7 @@ from strategies.base import Attempt
 
 SCHEMA = 2  # samples.jsonl records with a nested verdict and candidate; 1 (no `schema` field): flat records
 CANCELLED_MESSAGE = "the task had stopped before this sample was judged"
+BASELINES = "baselines.jsonl"  # beside samples.jsonl
 
 
 class StoreError(Exception):
@@ -214,6 +220,45 @@ class SampleRecord:
             recorded_at=_finite(data.get("recorded_at")) or 0.0)
 
 
+@dataclass
+class CompileBaseline:
+    """A task's `torch.compile` baseline as the oracle measured it: the timing, or why there is none."""
+
+    task: str
+    compile: dict[str, Any] | None  # the timing (median_ms, spread, ...); None with `compile_error`
+    compile_error: str | None = None
+    recorded_at: float = 0.0  # time.time()
+
+    @classmethod
+    def of(cls, verdict: Verdict, recorded_at: float) -> "CompileBaseline | None":
+        """The baseline a verdict carries (`judge.with_compile_baseline` added it); None if it has none."""
+        if "compile" not in verdict.timing:
+            return None
+        return cls(verdict.task, verdict.timing["compile"], verdict.timing.get("compile_error"), recorded_at)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "CompileBaseline":
+        if not isinstance(data, dict) or not isinstance(data.get("task"), str):
+            raise TypeError("not a baseline record (no task)")
+        timing = data.get("compile")
+        error = data.get("compile_error")
+        if timing is not None and not isinstance(timing, dict) or error is not None and not isinstance(error, str):
+            raise TypeError("compile must be a timing object and compile_error a string")
+        return cls(data["task"], timing, error, _finite(data.get("recorded_at")) or 0.0)
+
+
+def with_baseline(record: SampleRecord, baseline: CompileBaseline | None) -> SampleRecord:
+    """The record with its task's compile baseline, if it is a correct one recorded before it (else itself)."""
+    verdict = record.verdict
+    if baseline is None or verdict is None or verdict.status != "correct" or "compile" in verdict.timing:
+        return record
+    fields = judge.with_compile_baseline(verdict.to_json(), baseline.compile, baseline.compile_error)
+    return replace(record, verdict=Verdict.from_json(fields))
+
+
 def _finite(x: Any) -> float | None:
     """A finite number, or None (missing, null, a string, NaN): figures read from disk may be anything."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
@@ -254,8 +299,9 @@ def read_jsonl(path: Path) -> JsonLines:
 
 
 def read_samples(path: Path) -> list[SampleRecord]:
-    """The sample records of a samples.jsonl, in file order. An unterminated last line was never recorded
-    and is not read; any other line that is not a record is a StoreError that names it (one line)."""
+    """The sample records of a samples.jsonl, in file order, with the compile baselines of the
+    baselines.jsonl beside it added. An unterminated last line was never recorded and is not read; any
+    other line that is not a record is a StoreError that names it (one line)."""
     try:
         lines = read_jsonl(path)
     except (OSError, UnicodeDecodeError) as exc:
@@ -269,7 +315,29 @@ def read_samples(path: Path) -> list[SampleRecord]:
             records.append(SampleRecord.from_json(data))
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(f"{path}: line {number} is not a sample record ({_why(exc)})") from None
-    return records
+    baselines = read_baselines(path.parent / BASELINES)
+    return [with_baseline(r, baselines.get(r.task)) for r in records]
+
+
+def read_baselines(path: Path) -> dict[str, CompileBaseline]:
+    """The compile baseline of each task in a baselines.jsonl (none when the file is missing: a run made
+    before the file, or one whose baselines all came with their verdicts). The first line of a task counts."""
+    if not path.exists():
+        return {}
+    try:
+        lines = read_jsonl(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StoreError(f"{path}: cannot read the baselines ({exc.__class__.__name__})") from None
+    if lines.bad:
+        raise StoreError(f"{path}: line {lines.bad[0][0]} is not valid JSON")
+    found: dict[str, CompileBaseline] = {}
+    for number, data in lines.rows:
+        try:
+            baseline = CompileBaseline.from_json(data)
+        except TypeError as exc:
+            raise StoreError(f"{path}: line {number} is not a baseline record ({exc})") from None
+        found.setdefault(baseline.task, baseline)
+    return found
 
 
 def _why(exc: Exception) -> str:
@@ -283,6 +351,7 @@ class RunStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.samples_path = root / "samples.jsonl"
+        self.baselines_path = root / BASELINES
         self.best_dir = root / "best"
         self._lock = threading.Lock()
 
@@ -303,7 +372,9 @@ class RunStore:
             raise StoreError(f"{root} is not a run folder (no config.json)")
         store = cls(root)
         store.best_dir.mkdir(exist_ok=True)
-        store._drop_torn_tail()
+        store._drop_torn_tail(store.samples_path)
+        if store.baselines_path.exists():
+            store._drop_torn_tail(store.baselines_path)
         return store
 
     def config(self) -> dict[str, Any]:
@@ -314,24 +385,34 @@ class RunStore:
         config.update(fields)
         (self.root / "config.json").write_text(json.dumps(config, indent=1))
 
-    def _drop_torn_tail(self) -> None:
+    @staticmethod
+    def _drop_torn_tail(path: Path) -> None:
         """Cut a last line that a crash left without its newline (it never counted as recorded), so that
         the next append starts a line of its own."""
-        if not self.samples_path.exists():
-            self.samples_path.touch()
+        if not path.exists():
+            path.touch()
             return
-        data = self.samples_path.read_bytes()
+        data = path.read_bytes()
         if data and not data.endswith(b"\n"):
             keep = data.rfind(b"\n") + 1
-            with open(self.samples_path, "r+b") as f:
+            with open(path, "r+b") as f:
                 f.truncate(keep)
 
     def samples(self) -> list[SampleRecord]:
         return read_samples(self.samples_path) if self.samples_path.exists() else []
 
     def append(self, record: SampleRecord) -> None:
-        line = json.dumps(record.to_json(), default=str) + "\n"
-        with self._lock, open(self.samples_path, "a", encoding="utf-8") as f:
+        self._append_line(self.samples_path, record.to_json())
+
+    def append_baseline(self, baseline: CompileBaseline) -> None:
+        self._append_line(self.baselines_path, baseline.to_json())
+
+    def baselines(self) -> dict[str, CompileBaseline]:
+        return read_baselines(self.baselines_path)
+
+    def _append_line(self, path: Path, data: dict[str, Any]) -> None:
+        line = json.dumps(data, default=str) + "\n"
+        with self._lock, open(path, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())

@@ -189,3 +189,19 @@ def test_the_pool_line_says_where_the_device_time_went():
                      {"timing": 0, "device_slots": 4, "device_phases_s": {"checks": 2.0, "baselines": 1.6}}]
     assert progress.pool_text() == ("oracles 2: on the device 1/8, building 0, builds queued 0; "
                                     "device s: checks 14, timing 3, baselines 2")
+
+
+def test_a_sample_recorded_again_with_its_compile_baseline_replaces_its_first_record():
+    """A correct sample comes first without its task's torch.compile speedup, then again with it: the live
+    figures take the second in the first's place, and count the sample once."""
+    clock = Clock()
+    progress = RunProgress(Console(file=io.StringIO(), width=100), TASKS, 8, [], every=100, clock=clock)
+    feed(progress, clock, SAMPLES[:3])
+    t = progress.stats[TASKS[0].id]
+    assert (progress.done, t.samples, t.correct, t.best_sample_speedup_vs_compile) == (3, 2, 1, None)
+    again = rec(TASKS[0].id, 1, "correct", 1.5)
+    again.verdict.speedup_vs_compile = 0.8
+    progress.record(again)
+    t = progress.stats[TASKS[0].id]
+    assert (progress.done, t.samples, t.correct, t.best_sample_speedup_vs_compile) == (3, 2, 1, 0.8)
+    assert progress.by_task[TASKS[0].id][1] is again

@@ -13,7 +13,7 @@ from oracle.candidate import Candidate
 from oracle.verdict import NOT_JUDGED, SAMPLE_STATUSES, STATUSES, WORKER_STATUSES, Verdict, is_judged
 from search.controller import Controller, SearchPlan
 from search.stop import StopRule
-from search.store import RunStore, SampleRecord, StoreError, read_samples
+from search.store import CompileBaseline, RunStore, SampleRecord, StoreError, read_samples
 from strategies import make_strategy
 from tests.test_strategies import LEAKY, StubGenerator, StubPool, load
 
@@ -104,6 +104,45 @@ def test_one_policy_for_a_torn_last_line_and_bad_lines_named(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"schema": 9}\n')
     with pytest.raises(StoreError, match="line 1 is not a sample record .*schema 9"):
         read_samples(tmp_path / "bad.jsonl")
+
+
+def test_a_correct_sample_recorded_before_its_tasks_compile_baseline_reads_back_with_it(tmp_path):
+    """A correct sample is recorded as judged; its task's torch.compile baseline, measured later, goes to
+    baselines.jsonl, and the reader gives it to every correct sample of the task that lacks it."""
+    store = RunStore.create(tmp_path / "run", {})
+    store.append(judged_record())
+    store.append(judged_record(sample_index=7, chain=3, status="incorrect",
+                               verdict=Verdict(LEAKY, "incorrect", "wrong", backend="cpp")))
+    (only, wrong) = store.samples()
+    assert only.compile_ms is None and only.speedup_vs_compile is None and "torch.compile" not in only.message
+    store.append_baseline(CompileBaseline(LEAKY, {"median_ms": 4.0, "spread": 0.01}, None, 2.0))
+    store.append_baseline(CompileBaseline(LEAKY, {"median_ms": 9.0}, None, 3.0))  # the first of a task counts
+    store.append_baseline(CompileBaseline("other/task", None, "torch.compile failed", 3.0))
+    (only, wrong) = read_samples(store.samples_path)
+    assert only.compile_ms == 4.0 and only.speedup_vs_compile == pytest.approx(4.0)
+    assert "4.00x torch.compile" in only.message and only.verdict.timing["compile"]["spread"] == 0.01
+    assert wrong.verdict.compile_ms is None and "compile" not in wrong.verdict.timing
+    # a sample that came with its baseline keeps its own
+    own = judged_record(sample_index=8, chain=4)
+    own.verdict.timing["compile"] = {"median_ms": 1.0}
+    own.verdict.compile_ms = 1.0
+    store.append(own)
+    assert store.samples()[2].compile_ms == 1.0
+
+
+def test_a_torn_or_bad_baseline_line(tmp_path):
+    store = RunStore.create(tmp_path / "run", {})
+    store.append(judged_record())
+    store.append_baseline(CompileBaseline(LEAKY, {"median_ms": 4.0}, None, 2.0))
+    with open(store.baselines_path, "a") as f:
+        f.write('{"task": "level1/x", "comp')  # a crash mid-line: never recorded
+    assert store.samples()[0].compile_ms == 4.0 and set(store.baselines()) == {LEAKY}
+    RunStore.open(store.root)  # resuming cuts the torn line, so the next one starts a line of its own
+    assert store.baselines_path.read_text().endswith("}\n")
+    with open(store.baselines_path, "a") as f:
+        f.write('{"task": 3}\n')
+    with pytest.raises(StoreError, match="baselines.jsonl: line 2 is not a baseline record"):
+        store.samples()
 
 
 def test_run_settings_to_and_from_config_json():

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from oracle import judge
 from oracle.verdict import Verdict
 from search.controller import Controller, SearchPlan
 from search.generators.base import Completion, SampleRequest
@@ -354,8 +355,7 @@ class SlowCompilePool(StubPool):
             await asyncio.wait_for(self._event().wait(), 30)
         except asyncio.TimeoutError:
             self.starved += 1
-        verdict.compile_ms = 2.0
-        return verdict
+        return Verdict.from_json(judge.with_compile_baseline(verdict.to_json(), {"median_ms": 2.0}, None))
 
 
 def test_waiting_for_the_compile_baseline_holds_no_oracle_slot(tmp_path):
@@ -366,6 +366,40 @@ def test_waiting_for_the_compile_baseline_holds_no_oracle_slot(tmp_path):
     assert len(set(pool.evaluated)) == 2 and pool.starved == 0
     assert sorted(r.status for r in rows) == ["correct", "correct"]
     assert all(r.verdict.compile_ms == 2.0 for r in rows)
+
+
+class PeekingCompilePool(StubPool):
+    """Every candidate correct; when a verdict asks for its task's compile baseline, what the run folder
+    holds at that moment is kept (`seen`), then the baseline (4 ms) comes."""
+
+    def __init__(self, run: Path):
+        super().__init__(lambda source: ("correct", "", 1.0))
+        self.run = run
+        self.seen: list[list[SampleRecord]] = []
+
+    async def with_compile_baseline(self, task, verdict: Verdict) -> Verdict:
+        self.seen.append(RunStore.open(self.run).samples())
+        await asyncio.sleep(0.05)
+        return Verdict.from_json(judge.with_compile_baseline(verdict.to_json(), {"median_ms": 4.0}, None))
+
+
+def test_a_correct_sample_is_recorded_before_its_tasks_compile_baseline(tmp_path):
+    """A run cut while a task's torch.compile baseline is still being measured keeps the verdicts it
+    reached: each is recorded as judged; the baseline, once measured, is recorded once for the task and
+    reaches every correct sample of it, in the run folder and in the records the search holds."""
+    code = lambda request, i: f"```python\nimport torch\n# sample {i % 2}\nclass ModelNew(torch.nn.Module): pass\n```"  # noqa: E731
+    pool = PeekingCompilePool(tmp_path / "run")
+    store = RunStore.create(tmp_path / "run", {"strategy": "zero-shot", "strategy_options": {"backend": "cuda"}})
+    controller = Controller(SearchPlan(n=4, rounds=1, seed=3, max_tokens=64, early_stop=False),
+                            make_strategy("zero-shot", "cuda"), StubGenerator(code), pool, store)
+    asyncio.run(asyncio.wait_for(controller.run([load(GEMM)]), 60))
+    first = pool.seen[0]
+    assert first and all(r.correct and r.compile_ms is None for r in first)  # recorded before the baseline
+    assert len(store.baselines_path.read_text().splitlines()) == 1
+    rows = store.samples()
+    assert len(rows) == 4 and sum(r.duplicate_of is not None for r in rows) == 2
+    assert all(r.compile_ms == 4.0 and r.speedup_vs_compile == pytest.approx(4.0) for r in rows)
+    assert all(r.compile_ms == 4.0 for r in controller.recorded.values())
 
 
 def test_agent_loop_ends_within_budget_on_nonsense(tmp_path):
