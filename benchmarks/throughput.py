@@ -176,10 +176,12 @@ def run_ours(files: list[tuple[str, Path]], source: str, device: str, max_input_
 
 def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, ended: float | None = None) -> dict:
     """Figures of a run folder (one that was cut short too: `ended` None takes its last verdict's time)."""
-    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines() if line.strip()] \
-        if (out / "samples.jsonl").exists() else []
-    # a record holds its verdict (`verdict`), and a duplicate names the sample it repeats
-    records = [{**(r.get("verdict") or {}), **{k: v for k, v in r.items() if k != "verdict"}} for r in records]
+    from search.store import read_samples
+
+    samples = read_samples(out / "samples.jsonl") if (out / "samples.jsonl").exists() else []
+    # the verdict's fields beside the sample's (a duplicate names the sample it repeats)
+    records = [{**(r.verdict.to_json() if r.verdict else {}), "task": r.task, "status": r.status, "hash": r.hash,
+                "duplicate_of": r.duplicate_of, "recorded_at": r.recorded_at} for r in samples]
     judged = [r for r in records if r.get("duplicate_of") is None and r.get("hash")]
     wall = (ended or max((r.get("recorded_at") or started for r in judged), default=started)) - started
     # a candidate's device time: its phases but `waiting` (for memory, the device lock, the reference process);
