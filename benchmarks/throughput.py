@@ -37,7 +37,11 @@ DATA = [ROOT.parent / ".shared" / "kernelbench" / "kernelbench_levels1-3.jsonl",
         ROOT.parent.parent / "shared" / "kernelbench" / "kernelbench_levels1-3.jsonl"]
 
 PEER = r'''
-import json, multiprocessing as mp, os, runpy, sys, time, traceback
+import faulthandler, json, multiprocessing as mp, os, runpy, signal, sys, time, traceback
+
+# gpu_run.sh asks the processes of a step cut short for their stacks with SIGUSR1: print them, do not die
+# (a spawned evaluation re-imports this module, so it registers too)
+faulthandler.register(signal.SIGUSR1)
 
 def build(job):
     os.environ["TORCH_EXTENSIONS_DIR"] = job["ext_dir"]
