@@ -195,6 +195,10 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
     for r in judged:
         for k, v in (r.get("device_s") or {}).items():
             phases.setdefault(k, []).append(v)
+    queued: dict[str, list[float]] = {}  # what a candidate waited for in the oracle: a build slot, a device slot
+    for r in judged:
+        for k, v in (r.get("queued_s") or {}).items():
+            queued.setdefault(k, []).append(v)
     verdicts = []
     for r in judged:
         exp, path = expected.get(r["hash"], ("?", None))
@@ -227,6 +231,7 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
             "startup": startup,
             "device_s_p50": pct(device_s, 0.5), "device_s_p95": pct(device_s, 0.95),
             "phases_p50": {k: pct(v, 0.5) for k, v in phases.items()}, "phases_sum": {k: sum(v) for k, v in phases.items()},
+            "queued_p50": {k: pct(v, 0.5) for k, v in queued.items()}, "queued_p90": {k: pct(v, 0.9) for k, v in queued.items()},
             "worker_phases_p50": {k: pct(v, 0.5) for k, v in worker_phases.items()},
             "build_p50_s": pct(builds, 0.5), "build_p90_s": pct(builds, 0.9), "how_built": how_built,
             "as_expected": sum(v["as_expected"] for v in verdicts), "verdicts": verdicts}

@@ -52,7 +52,9 @@ class OracleActor:
         candidate = Candidate(**candidate_json)
         self._prepare(task)
         self.busy["queued"] += 1
+        asked = time.perf_counter()
         async with self.build_slots:
+            queued = {"build": round(time.perf_counter() - asked, 4)}
             self.busy["queued"] -= 1
             self.busy["building"] += 1
             t0 = time.perf_counter()
@@ -61,7 +63,7 @@ class OracleActor:
             finally:
                 self.busy["building"] -= 1
                 self.build_s += time.perf_counter() - t0
-        return await self._checked_and_timed(task, candidate, build)
+        return await self._checked_and_timed(task, candidate, build, queued=queued)
 
     def _prepare(self, task: Task) -> None:
         """The first time a task is asked for: its reference, eager timing and compile baseline start now, in
@@ -100,16 +102,20 @@ class OracleActor:
                 self.busy["timing"] -= 1
 
     async def _checked_and_timed(self, task: Task, candidate: Candidate, build: Any,
-                                 fresh_baseline: bool = False) -> dict[str, Any]:
+                                 fresh_baseline: bool = False, queued: dict[str, float] | None = None) -> dict[str, Any]:
         """The device slot: checks run with generation going on; only what is timed holds the gate. The
-        verdict comes back without its torch.compile speedup (see `with_compile_baseline`), except a re-timing's."""
+        verdict comes back without its torch.compile speedup (see `with_compile_baseline`), except a re-timing's,
+        and with the seconds it waited for its slots (`Verdict.queued_s`)."""
         quiet = self._quiet(asyncio.get_running_loop())
+        asked = time.perf_counter()
         async with self.device_slots:
+            waited = round(time.perf_counter() - asked, 4)
             self.busy["timing"] += 1
             try:
                 verdict = await asyncio.to_thread(self.oracle.check_and_time, task, candidate, build, quiet, fresh_baseline)
             finally:
                 self.busy["timing"] -= 1
+        verdict.queued_s = {**(queued or {}), "device": waited, **verdict.queued_s}
         if fresh_baseline:
             verdict = await self._with_compile(task, verdict)
         return verdict.to_json()

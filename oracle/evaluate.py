@@ -254,16 +254,20 @@ class Oracle:
         self.standby.fill()  # from the first candidate on, the next ones find their worker started
         spent: dict[str, float] = {}
         with self.references.pinned(task):  # its reference stays in the reference process until the verdict
+            asked = time.perf_counter()
             try:
                 reference = (self.references.retime_eager if fresh_baseline else self.references.get)(task, quiet, spent)
             except ReferenceError as exc:
                 return self._verdict(task, "runtime_error", f"the reference failed, not the candidate: {exc}", **base)
+            # what the call took beyond its own work: the task's reference being made by another thread
+            waited = max(0.0, time.perf_counter() - asked - sum(spent.values()))
             base["device_s"] = spent
             run = _CandidateRun(self, task, candidate, reference, base)
             try:
                 verdict = run.judged(quiet)
             finally:
                 run.close()
+        verdict.queued_s["reference"] = round(waited, 4)
         for phase, seconds in (verdict.device_s or {}).items():
             self.device_s[phase] = self.device_s.get(phase, 0.0) + seconds
         return verdict

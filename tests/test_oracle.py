@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -231,3 +232,24 @@ def test_a_task_prepared_beside_its_first_build_is_ready_for_its_first_check(cac
         o.close()
     assert v.status == "correct", v.message
     assert made_s > 0 and "reference" not in v.device_s and "baselines" not in v.device_s, v.device_s
+
+
+def test_a_check_that_waits_for_its_tasks_reference_says_so(cache, task, first_correct, monkeypatch):
+    """A check whose task's reference is being made by another thread (the actor's preparation beside the
+    first build) waits for it, working on nothing: `queued_s["reference"]`, not device seconds."""
+    fast = TimingParams(warmup_calls=2, min_calls=5, max_calls=20, target_s=0.2, wall_calls=5)
+    o = Oracle(OracleConfig(device="cpu", cache_dir=cache, timing=fast, call_timeout_s=20))
+    made = o.references.get
+
+    def slow_get(task, quiet, spent):
+        time.sleep(0.5)  # the task lock held by another thread
+        return made(task, quiet, spent)
+
+    try:
+        monkeypatch.setattr(o.references, "get", slow_get)
+        v = o.evaluate(task, text("correct"))
+    finally:
+        o.close()
+    assert v.status == "correct", v.message
+    assert 0.45 <= v.queued_s["reference"] < 5, v.queued_s
+    assert v.device_s.get("reference", 0.0) + v.device_s.get("baselines", 0.0) < 0.45, v.device_s  # not device time

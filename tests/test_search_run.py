@@ -124,6 +124,7 @@ def test_run_replay_end_to_end_with_dedup_and_best(tmp_path, env):
     assert "class ModelNew" in correct.source and correct.candidate.backend == "cpp"
     assert correct.oracle_device_s == pytest.approx(correct.verdict.verify_s + correct.verdict.time_s)
     assert correct.verdict.device_s.get("timing", 0) > 0  # the oracle's own accounting, by phase
+    assert {"build", "device", "reference"} <= set(correct.verdict.queued_s)  # and what it waited for
     assert all(r.tokens_out == 100 and r.generation_s is not None for r in rows)
     line = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
     assert line["schema"] == 2 and {"verdict", "candidate", "completion", "tokens_in", "tokens_out"} <= set(line)
