@@ -116,6 +116,9 @@ class Row:
     compilers: list[int] = field(default_factory=list)  # compiler processes running as each timing started
     rival_timings: int | None = None  # second-process rows: the rivals' timings that overlapped ours
     flags: list[str] = field(default_factory=list)  # the verdicts' flags (wall_clock_disagrees, ...)
+    # each timing's clocks a call: the events' median, the worker's wall-clock block and the one this process
+    # clocked around its block (`external`): which of them a `wall_clock_disagrees` came from
+    clocks: list[dict] = field(default_factory=list)
     problem: str = ""
 
     @property
@@ -167,6 +170,9 @@ class Row:
             text += f"  compilers {'/'.join(map(str, self.compilers))}"
         if self.flags:
             text += f"  flags {','.join(sorted(set(self.flags)))}"
+        if "wall_clock_disagrees" in self.flags:  # which clock disagreed: events / worker's wall / this process's
+            text += "  clocks " + " ".join("/".join(_fmt(c.get(k), ".4f") for k in ("median", "wall", "external"))
+                                           for c in self.clocks)
         if self.problem:
             text += f"  [{self.problem[:160]}]"
         return text
@@ -263,6 +269,8 @@ def kernelsearch_times(oracle: Oracle, case: Case, n: int, row: Row, storm: Stor
             return
         row.kernelsearch_ms.append(v.time_ms)
         row.flags += v.flags
+        timed = v.timing.get("candidate") or {}
+        row.clocks.append({k: timed.get(f"{k}_ms") for k in ("median", "wall", "external")})
         if case.kind == "eager":
             row.baseline_ms = v.eager_ms
             row.spreads = [float((v.timing.get(k) or {}).get("spread") or 0.0) for k in ("candidate", "eager")]
