@@ -253,7 +253,8 @@ class CompileBaseline:
 def with_baseline(record: SampleRecord, baseline: CompileBaseline | None) -> SampleRecord:
     """The record with its task's compile baseline, if it is a correct one recorded before it (else itself)."""
     verdict = record.verdict
-    if baseline is None or verdict is None or verdict.status != "correct" or "compile" in verdict.timing:
+    if baseline is None or verdict is None or verdict.status != "correct" or verdict.time_ms is None \
+            or "compile" in verdict.timing:
         return record
     fields = judge.with_compile_baseline(verdict.to_json(), baseline.compile, baseline.compile_error)
     return replace(record, verdict=Verdict.from_json(fields))

@@ -1,0 +1,50 @@
+"""benchmarks/throughput.py's summary of a run folder, without a run: it reads the folder through the one
+reader of samples.jsonl (so a verdict recorded before its task's compile baseline has the baseline), and
+counts what a GPU run's table is made of (verdicts as expected, device and queue seconds, builds)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from oracle.candidate import Candidate
+from oracle.extract import extract
+from oracle.verdict import Verdict
+from search.store import CompileBaseline, RunStore, SampleRecord
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import throughput  # noqa: E402
+
+
+def record(task: str, path: Path, index: int, status: str, duplicate_of: int | None = None, **verdict) -> SampleRecord:
+    candidate = Candidate.make(task, extract(path.read_text(), "auto").source, "cpp")
+    v = Verdict(task, status, status, backend="cpp", hash=candidate.hash, **verdict)
+    return SampleRecord(task, "zero-shot", 0, index, index, index, status, verdict=v, candidate=candidate,
+                        duplicate_of=duplicate_of, recorded_at=1000.0 + 10 * index)
+
+
+def test_the_summary_counts_a_run_folder_through_the_one_reader(tmp_path):
+    files = throughput.candidate_files("cpu")
+    expected, _ = throughput.write_replay(files, tmp_path / "corpus.jsonl")
+    (task, right), (task2, wrong) = files[:2]  # both expected correct
+    store = RunStore.create(tmp_path / "run", {"startup_s": {"tasks": 1.0, "ray": 2.0, "engine": 3.0}})
+    timed = dict(time_ms=1.0, build_s=20.0, device_s={"checks": 1.0, "timing": 0.5, "waiting": 9.0},
+                 queued_s={"build": 0.1, "device": 4.0})
+    store.append(record(task, right, 0, "correct", **timed))
+    store.append(record(task, right, 1, "correct", duplicate_of=0, **timed))  # the same verdict: not counted
+    store.append(record(task2, wrong, 2, "incorrect", build_s=30.0, device_s={"checks": 3.0},
+                        queued_s={"build": 0.3, "device": 6.0}))  # judged otherwise than expected
+    store.append_baseline(CompileBaseline(task, {"median_ms": 2.0}, None, 1005.0))
+    s = throughput.summarize(store.root, expected, started=1000.0)
+    assert s["candidates"] == 2 and s["wall_s"] == 20.0 and s["per_min"] == pytest.approx(6.0)
+    assert s["as_expected"] == 1
+    mine = next(v for v in s["verdicts"] if v["task"] == task)
+    assert mine["as_expected"] and mine["file"].endswith(right.name)
+    assert mine["speedup_vs_compile"] == pytest.approx(2.0)  # the baseline recorded after it reaches it
+    assert next(v for v in s["verdicts"] if v["task"] == task2)["speedup_vs_compile"] is None
+    assert s["device_s_p95"] == pytest.approx(3.0) and min(v["device_s"]["checks"] for v in s["verdicts"]) == 1.0
+    assert s["phases_sum"]["waiting"] == 9.0  # kept by phase, left out of the candidate's device seconds
+    assert s["queued_p50"] == {"build": 0.1, "device": 4.0} and s["queued_p90"] == {"build": 0.3, "device": 6.0}
+    assert s["startup"]["ray"] == 2.0 and (s["build_p50_s"], s["build_p90_s"]) == (20.0, 30.0)  # nearest rank
