@@ -2,6 +2,7 @@
 # One device call: several benchmark steps, each within its own time budget. Logs under $OUT (or
 # /tmp/ks-out), each written whole as it goes, so that a step cut short keeps what it printed.
 # Usage: benchmarks/gpu_run.sh STEP[:SECONDS]...   e.g. benchmarks/gpu_run.sh tolerance:200 throughput:250
+#        benchmarks/gpu_run.sh --tree   (only the code tree's hash, to match a device call's first line)
 # TESTS: the tests step's paths or node ids (default: tests). Steps: smoke, throughput, tests, peer, demo, profiling, fidelity, header, tolerance (default: smoke throughput tests).
 # A step past its seconds is stopped with everything it started (its own process group): nothing of it
 # runs on beside the next step.
@@ -51,6 +52,12 @@ pack() {
     (cd "$work" && tar -czf "$out/$n.tgz" "$n" $(ls -d "$n.started" 2>/dev/null))
   done
 }
+
+# Which code this is: the device's copy of .git can lag behind its working tree, so its `git log` may name an
+# older commit. Compare with `benchmarks/gpu_run.sh --tree` here.
+tree() { find oracle search strategies tasks benchmarks tests -name '*.py' | LC_ALL=C sort | xargs cat | sha1sum | cut -c1-12; }
+[ "${1:-}" = "--tree" ] && { tree; exit 0; }
+echo "== code tree $(tree)"
 
 for item in ${*:-smoke throughput tests}; do
   step=${item%%:*}; seconds=${item#*:}; [ "$seconds" = "$item" ] && seconds=540
