@@ -188,8 +188,11 @@ def head_start_ms(issue_ms: float, calls_then: int, calls_next: int) -> float:
     low, high = HEAD_START_MS
     if calls_then <= 0:
         return high
-    per_call = issue_ms / max(1, calls_then)
+    per_call = issue_ms / calls_then
     return min(high, max(low, 2.0 * per_call * calls_next))
+
+
+_CYCLES_PER_MS: float | None = None  # set by the first call below, in each process
 
 
 def _spin_cycles_per_ms() -> float:
@@ -205,9 +208,6 @@ def _spin_cycles_per_ms() -> float:
         _cuda_synchronize()
         _CYCLES_PER_MS = cycles / max(1e-3, _event_elapsed(start, end))
     return _CYCLES_PER_MS
-
-
-_CYCLES_PER_MS: float | None = None
 
 
 def _time_cuda(fn, input_sets, params: TimingParams, keep=None) -> list[float]:

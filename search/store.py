@@ -303,15 +303,8 @@ def read_samples(path: Path) -> list[SampleRecord]:
     """The sample records of a samples.jsonl, in file order, with the compile baselines of the
     baselines.jsonl beside it added. An unterminated last line was never recorded and is not read; any
     other line that is not a record is a StoreError that names it (one line)."""
-    try:
-        lines = read_jsonl(path)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StoreError(f"{path}: cannot read the samples ({exc.__class__.__name__})") from None
-    if lines.bad:
-        number, _ = lines.bad[0]
-        raise StoreError(f"{path}: line {number} is not valid JSON")
     records = []
-    for number, data in lines.rows:
+    for number, data in _rows(path, "samples"):
         try:
             records.append(SampleRecord.from_json(data))
         except (ValueError, KeyError, TypeError) as exc:
@@ -325,20 +318,26 @@ def read_baselines(path: Path) -> dict[str, CompileBaseline]:
     before the file, or one whose baselines all came with their verdicts). The first line of a task counts."""
     if not path.exists():
         return {}
-    try:
-        lines = read_jsonl(path)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StoreError(f"{path}: cannot read the baselines ({exc.__class__.__name__})") from None
-    if lines.bad:
-        raise StoreError(f"{path}: line {lines.bad[0][0]} is not valid JSON")
     found: dict[str, CompileBaseline] = {}
-    for number, data in lines.rows:
+    for number, data in _rows(path, "baselines"):
         try:
             baseline = CompileBaseline.from_json(data)
         except TypeError as exc:
             raise StoreError(f"{path}: line {number} is not a baseline record ({exc})") from None
         found.setdefault(baseline.task, baseline)
     return found
+
+
+def _rows(path: Path, what: str) -> list[tuple[int, Any]]:
+    """The parsed lines of one of the run's JSON-lines files, or a StoreError naming the file (and the
+    first line that is not JSON)."""
+    try:
+        lines = read_jsonl(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StoreError(f"{path}: cannot read the {what} ({exc.__class__.__name__})") from None
+    if lines.bad:
+        raise StoreError(f"{path}: line {lines.bad[0][0]} is not valid JSON")
+    return lines.rows
 
 
 def _why(exc: Exception) -> str:
