@@ -170,9 +170,10 @@ class Row:
             text += f"  compilers {'/'.join(map(str, self.compilers))}"
         if self.flags:
             text += f"  flags {','.join(sorted(set(self.flags)))}"
-        if "wall_clock_disagrees" in self.flags:  # which clock disagreed: events / worker's wall / this process's
+        if "wall_clock_disagrees" in self.flags or any(c.get("rounds", "1,1")[0] != "1" for c in self.clocks):
+            # which clock disagreed (events / worker's wall / this process's) and the rounds each wall clock took
             text += "  clocks " + " ".join("/".join(_fmt(c.get(k), ".4f") for k in ("median", "wall", "external"))
-                                           for c in self.clocks)
+                                           + f" r{c.get('rounds', '1,1')}" for c in self.clocks)
         if self.problem:
             text += f"  [{self.problem[:160]}]"
         return text
@@ -270,7 +271,8 @@ def kernelsearch_times(oracle: Oracle, case: Case, n: int, row: Row, storm: Stor
         row.kernelsearch_ms.append(v.time_ms)
         row.flags += v.flags
         timed = v.timing.get("candidate") or {}
-        row.clocks.append({k: timed.get(f"{k}_ms") for k in ("median", "wall", "external")})
+        row.clocks.append({**{k: timed.get(f"{k}_ms") for k in ("median", "wall", "external")},
+                           "rounds": f"{timed.get('wall_rounds', 1)},{timed.get('block_rounds', 1)}"})
         if case.kind == "eager":
             row.baseline_ms = v.eager_ms
             row.spreads = [float((v.timing.get(k) or {}).get("spread") or 0.0) for k in ("candidate", "eager")]

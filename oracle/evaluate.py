@@ -36,7 +36,7 @@ from oracle.protocol import CandidateJob, Checked, ErrorFigures, OutputsReady
 from oracle.reference import Reference, ReferenceError, References, ReferenceSettings
 from oracle.sandbox import PhaseTimeout, Worker, WorkerDied
 from oracle.standby import StandbyWorkers
-from oracle.timing import TimingParams, block_calls
+from oracle.timing import WALL_ROUNDS, TimingParams, block_calls, block_rounds
 from oracle.tolerance import DEFAULT_POLICY, FALLBACK_FLAG, POLICIES, check_policy
 from oracle.verdict import Verdict
 from tasks.model import Task
@@ -346,6 +346,7 @@ class _CandidateRun:
         self.spent = _Spent({})
         self.segments: _Segments | None = None
         self.block: int | None = None  # calls in the block this process clocks, once the worker's timing ended
+        self.rounds = 1  # rounds of that block (the fastest counts)
 
     def _block_size(self, measured: Any) -> int:
         """Calls in the clocked block: enough for about 20 ms at the faster of eager and the candidate's own
@@ -450,11 +451,11 @@ class _CandidateRun:
         if not any(kind == "timed" for kind, _ in self.compared) or not any(kind == "block" for kind, _ in self.compared):
             return self._verdict("incorrect", "the outputs of the timed calls are missing", verify_s=verify_s)
         timing = dict(result["timing"])
-        external = _external_ms(self.worker.clocks, self.block or 0)
+        external = external_ms(self.worker.clocks, self.block or 0)
         if external is None:
             return self._verdict("rejected", "the timing block the oracle clocks itself did not run", verify_s=verify_s)
         timing["external_ms"] = external
-        timing["block_calls"] = self.block
+        timing["block_calls"], timing["block_rounds"] = self.block, self.rounds
         flags = ["constant_reference"] if self.reference.prepared.constant else []  # e.g. a ReLU after a shift
         fields = judge.score(timing, self.reference.eager, self.reference.prepared.floor, flags, checked.kernel_ms)
         fields.setdefault("timing", {})["worker_phases"] = {k: round(v, 4) for k, v in self.worker.phases.items()}
@@ -502,7 +503,8 @@ class _CandidateRun:
                 self.worker.send(cmd="go")
             elif "measured" in message and wanted == "result" and self.block is None:
                 self.block = self._block_size(message["measured"])
-                self.worker.send(cmd="block", calls=self.block)
+                self.rounds = block_rounds(self.block, message["measured"])
+                self.worker.send(cmd="block", calls=self.block, rounds=self.rounds)
             elif "checked" in message and wanted == "checked":
                 try:
                     return Checked.from_json(message["checked"])
@@ -608,8 +610,10 @@ def _share_root(output_bytes: int) -> Path | None:
     return None
 
 
-def _external_ms(clocks: dict[str, float], calls: int) -> float | None:
-    """Per-call time of the worker's clocked block, by this process's clock (None: the block never ran)."""
-    if "block_start" not in clocks or "block_end" not in clocks or calls <= 0:
+def external_ms(clocks: dict[str, float], calls: int) -> float | None:
+    """Per-call time of the worker's fastest clocked block, by this process's clock (None: no block ran)."""
+    rounds = [clocks[f"block_end {r}"] - clocks[f"block_start {r}"] for r in range(WALL_ROUNDS)
+              if f"block_start {r}" in clocks and f"block_end {r}" in clocks]
+    if not rounds or calls <= 0:
         return None
-    return max(0.0, clocks["block_end"] - clocks["block_start"]) * 1e3 / calls
+    return max(0.0, min(rounds)) * 1e3 / calls

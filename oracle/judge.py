@@ -16,6 +16,7 @@ import torch
 
 from oracle.compare import compare
 from oracle.protocol import Checked, ErrorFigures
+from oracle.timing import wall_disagrees
 from oracle.tolerance import DEFAULT_POLICY, POLICIES, Float64Scale
 from oracle.verdict import WORKER_STATUSES  # the only statuses a worker may report itself
 
@@ -138,9 +139,8 @@ def score(timing: dict[str, Any], eager: dict[str, Any] | None, floor: dict[str,
     # candidate can patch the clocks in its own process, not the oracle's).
     wall_ms = max(timing["wall_ms"], timing.get("external_ms") or 0.0)
     eager_wall = max(eager.get("wall_ms", 0), eager.get("external_ms") or 0.0)
-    ratio = wall_ms / time_ms if time_ms > 0 else float("inf")
     eager_ratio = eager_wall / eager["median_ms"] if eager.get("median_ms") else 1.0
-    if ratio > max(1.5, 1.5 * eager_ratio) and wall_ms - time_ms > 0.05:
+    if wall_disagrees(wall_ms, time_ms, eager_ratio):
         flags.append("wall_clock_disagrees")
         time_ms = wall_ms
     # The events hold a call's GPU work alone (the host issues each batch behind a head start); the wall

@@ -179,3 +179,50 @@ def test_the_clocked_block_of_a_kernel_slower_than_eager_is_sized_by_its_own_tim
     assert v.status == "correct", v.message
     assert params.wall_block(200.0) == 3 and v.timing["candidate"]["block_calls"] == 3
     assert v.timing["candidate"]["external_ms"] >= 200.0
+    assert v.timing["candidate"]["block_rounds"] == 1  # a round of 0.6 s: a host's delays do not show
+
+
+TINY_TASK = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+def get_inputs():
+    return [torch.randn(64)]
+
+def get_init_inputs():
+    return []
+'''
+
+TINY = '''
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def __init__(self, *args):
+        super().__init__()
+
+    def forward(self, x):
+        return x + x
+'''
+
+
+def test_a_fast_kernels_clocked_block_runs_in_rounds_and_the_fastest_counts(tmp_path):
+    """A busy host only adds to a wall clock: the block the trusted side clocks for a kernel of microseconds
+    (a block of well under 50 ms) runs WALL_ROUNDS times, and the fastest round is its external time."""
+    from oracle.timing import WALL_ROUNDS
+    from tasks.model import Task
+
+    task = Task(id="builtin/tiny", level=None, problem_id=None, name="tiny", code=TINY_TASK, origin="test", sizes={})
+    params = TimingParams(warmup_calls=1, min_calls=5, max_calls=10, target_s=0.05, wall_calls=10)
+    o = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path / "cache", allow_torch=True, timing=params))
+    try:
+        v = o.evaluate(task, TINY, "torch")
+    finally:
+        o.close()
+    assert v.status == "correct", v.message
+    clocked = v.timing["candidate"]
+    assert clocked["block_rounds"] == WALL_ROUNDS and 0 < clocked["external_ms"] < 5.0, clocked
