@@ -171,9 +171,11 @@ class Row:
         if self.flags:
             text += f"  flags {','.join(sorted(set(self.flags)))}"
         if "wall_clock_disagrees" in self.flags or any(c.get("rounds", "1,1")[0] != "1" for c in self.clocks):
-            # which clock disagreed (events / worker's wall / this process's) and the rounds each wall clock took
+            # which clock disagreed (events / worker's wall / this process's), the rounds each wall clock took
+            # and how long each block's final synchronise waited for the GPU (ms)
             text += "  clocks " + " ".join("/".join(_fmt(c.get(k), ".4f") for k in ("median", "wall", "external"))
-                                           + f" r{c.get('rounds', '1,1')}" for c in self.clocks)
+                                           + f" r{c.get('rounds', '1,1')} d" + ",".join(_fmt(d, ".3f") for d in c.get("drains") or [])
+                                           for c in self.clocks)
         if self.problem:
             text += f"  [{self.problem[:160]}]"
         return text
@@ -272,7 +274,8 @@ def kernelsearch_times(oracle: Oracle, case: Case, n: int, row: Row, storm: Stor
         row.flags += v.flags
         timed = v.timing.get("candidate") or {}
         row.clocks.append({**{k: timed.get(f"{k}_ms") for k in ("median", "wall", "external")},
-                           "rounds": f"{timed.get('wall_rounds', 1)},{timed.get('block_rounds', 1)}"})
+                           "rounds": f"{timed.get('wall_rounds', 1)},{timed.get('block_rounds', 1)}",
+                           "drains": [timed.get("wall_drain_ms"), timed.get("external_drain_ms")]})
         if case.kind == "eager":
             row.baseline_ms = v.eager_ms
             row.spreads = [float((v.timing.get(k) or {}).get("spread") or 0.0) for k in ("candidate", "eager")]

@@ -451,10 +451,10 @@ class _CandidateRun:
         if not any(kind == "timed" for kind, _ in self.compared) or not any(kind == "block" for kind, _ in self.compared):
             return self._verdict("incorrect", "the outputs of the timed calls are missing", verify_s=verify_s)
         timing = dict(result["timing"])
-        external = external_ms(self.worker.clocks, self.block or 0)
+        external = external_block(self.worker.clocks, self.block or 0)
         if external is None:
             return self._verdict("rejected", "the timing block the oracle clocks itself did not run", verify_s=verify_s)
-        timing["external_ms"] = external
+        timing["external_ms"], timing["external_drain_ms"] = external
         timing["block_calls"], timing["block_rounds"] = self.block, self.rounds
         flags = ["constant_reference"] if self.reference.prepared.constant else []  # e.g. a ReLU after a shift
         fields = judge.score(timing, self.reference.eager, self.reference.prepared.floor, flags, checked.kernel_ms)
@@ -610,10 +610,16 @@ def _share_root(output_bytes: int) -> Path | None:
     return None
 
 
-def external_ms(clocks: dict[str, float], calls: int) -> float | None:
-    """Per-call time of the worker's fastest clocked block, by this process's clock (None: no block ran)."""
-    rounds = [clocks[f"block_end {r}"] - clocks[f"block_start {r}"] for r in range(WALL_ROUNDS)
-              if f"block_start {r}" in clocks and f"block_end {r}" in clocks]
+def external_block(clocks: dict[str, float], calls: int) -> tuple[float, float | None] | None:
+    """The worker's fastest clocked block, by this process's clock: its time per call, and how long the
+    worker's final synchronise took after its `block_issued` mark (None: no mark). None: no block ran."""
+    rounds = []
+    for r in range(WALL_ROUNDS):
+        start, issued, end = (clocks.get(f"block_{mark} {r}") for mark in ("start", "issued", "end"))
+        if start is not None and end is not None:
+            drain = max(0.0, end - issued) * 1e3 if issued is not None and start <= issued <= end else None
+            rounds.append((max(0.0, end - start) * 1e3, drain))
     if not rounds or calls <= 0:
         return None
-    return max(0.0, min(rounds)) * 1e3 / calls
+    total, drain = min(rounds, key=lambda r: r[0])
+    return total / calls, drain

@@ -372,7 +372,7 @@ def _aliases(outputs: list[Any], others: list[torch.Tensor]) -> bool:
 def _clocked_block(conn: Connection, fn, sets: list[list[Any]], device: str, n: int, rounds: int, keep=None) -> None:
     """Blocks of calls the trusted side times with its own clock, each between two messages: a candidate that
     patches the clocks of this process (or the oracle's own timing code in it) cannot shorten them. The
-    trusted side keeps the fastest round (`oracle.evaluate.external_ms`)."""
+    trusted side keeps the fastest round (`oracle.evaluate.external_block`)."""
     for r in range(rounds):
         timing.sync(device)
         send(conn, clock=f"block_start {r}")
@@ -380,6 +380,7 @@ def _clocked_block(conn: Connection, fn, sets: list[list[Any]], device: str, n: 
             out = fn(*sets[i % len(sets)])
             if keep is not None:
                 keep(i % len(sets), out)
+        send(conn, clock=f"block_issued {r}")  # the trusted side sees how long the GPU then took to catch up
         timing.sync(device)
         send(conn, clock=f"block_end {r}")
 

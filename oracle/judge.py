@@ -16,7 +16,7 @@ import torch
 
 from oracle.compare import compare
 from oracle.protocol import Checked, ErrorFigures
-from oracle.timing import wall_disagrees
+from oracle.timing import WALL_RATIO, drained_at_once, wall_disagrees
 from oracle.tolerance import DEFAULT_POLICY, POLICIES, Float64Scale
 from oracle.verdict import WORKER_STATUSES  # the only statuses a worker may report itself
 
@@ -33,6 +33,7 @@ NON_COMPUTE_OPS = {
 }
 # A kernel whose GPU is busy for less than this share of its timed interval is mostly launch overhead.
 LAUNCH_BOUND_BUSY = 0.5
+PROFILE_MARGIN_MS = 0.005  # a profiled call's kernels may take this much past the events and still agree with them
 
 
 @dataclass
@@ -127,6 +128,18 @@ def worker_failure(result: Any) -> tuple[str, str]:
     return result["status"], str(result.get("message", ""))[:2000]
 
 
+def host_held(timing: dict[str, Any], kernel_ms: float | None) -> bool:
+    """Whether a wall clock above the events is the host's alone: both blocks' GPUs had caught up when their
+    last call was issued (`oracle.timing.drained_at_once`), and the profiled call's kernels, on every stream,
+    took no longer than the events say. A launch-bound kernel on a host busy with builds is slow to issue,
+    not slow; work on another stream that the events miss shows in one or the other (on a fast host as a
+    GPU still busy at the end of the block, on a slow one in the profile)."""
+    median = timing["median_ms"]
+    drains = (timing.get("wall_drain_ms"), timing.get("external_drain_ms"))
+    return (kernel_ms is not None and kernel_ms <= WALL_RATIO * median + PROFILE_MARGIN_MS
+            and all(drained_at_once(d, median) for d in drains))
+
+
 def score(timing: dict[str, Any], eager: dict[str, Any] | None, floor: dict[str, Any] | None,
           flags: list[str], kernel_ms: float | None = None) -> dict[str, Any]:
     """The verdict fields of a candidate that passed every check, from its timing and the task's baselines:
@@ -140,7 +153,7 @@ def score(timing: dict[str, Any], eager: dict[str, Any] | None, floor: dict[str,
     wall_ms = max(timing["wall_ms"], timing.get("external_ms") or 0.0)
     eager_wall = max(eager.get("wall_ms", 0), eager.get("external_ms") or 0.0)
     eager_ratio = eager_wall / eager["median_ms"] if eager.get("median_ms") else 1.0
-    if wall_disagrees(wall_ms, time_ms, eager_ratio):
+    if wall_disagrees(wall_ms, time_ms, eager_ratio) and not host_held(timing, kernel_ms):
         flags.append("wall_clock_disagrees")
         time_ms = wall_ms
     # The events hold a call's GPU work alone (the host issues each batch behind a head start); the wall

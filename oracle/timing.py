@@ -44,6 +44,9 @@ HEAD_START_MS = (0.5, 5.0)
 # and the fastest counts: hidden work is in every block, a compiler that held the core is not.
 WALL_RATIO, WALL_MARGIN_MS = 1.5, 0.05
 WALL_ROUNDS = 3
+# A block whose last synchronise waited no longer than this for the GPU (calls' worth of the median, plus a
+# margin for the synchronise itself) was held up by the host, not by GPU work the events missed.
+DRAIN_CALLS, DRAIN_MARGIN_MS = 2.0, 0.05
 
 
 def wall_disagrees(wall_ms: float, median_ms: float, allowed_ratio: float = 1.0) -> bool:
@@ -51,6 +54,13 @@ def wall_disagrees(wall_ms: float, median_ms: float, allowed_ratio: float = 1.0)
     task's eager baseline showed, where that is larger) and WALL_MARGIN_MS more than it."""
     ratio = wall_ms / median_ms if median_ms > 0 else math.inf
     return ratio > WALL_RATIO * max(1.0, allowed_ratio) and wall_ms - median_ms > WALL_MARGIN_MS
+
+
+def drained_at_once(drain_ms: float | None, median_ms: float) -> bool:
+    """Whether a block's GPU had caught up with its host when the host issued the last call: work the events
+    miss (another stream) leaves the GPU behind, to be waited for at the end of the block; a slow host
+    leaves it idle, waiting for the next launch. None (a CPU, or no such clock): unknown, so no."""
+    return drain_ms is not None and drain_ms <= DRAIN_CALLS * median_ms + DRAIN_MARGIN_MS
 
 
 @dataclass
@@ -106,6 +116,8 @@ class Timing:
     wall_ms: float  # per call, from the synchronised wall-clock block (no flushes): the fastest of its rounds
     rotate_sets: int
     wall_rounds: int = 1  # wall-clock blocks clocked (more than one when the first disagreed with the events)
+    # GPU only: how long the fastest block's final synchronise waited after its last call was issued
+    wall_drain_ms: float | None = None
 
     @property
     def spread(self) -> float:
@@ -165,23 +177,27 @@ def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], devi
     q1, med, q3 = _quartiles(samples)
 
     wall_calls = params.wall_block(med)
-    wall_ms, rounds = _wall_block(fn, input_sets, device, wall_calls, keep), 1
-    while rounds < WALL_ROUNDS and wall_disagrees(wall_ms, med):
-        wall_ms, rounds = min(wall_ms, _wall_block(fn, input_sets, device, wall_calls, keep)), rounds + 1
-    return Timing(med, q1, q3, len(samples), wall_ms, n_sets, rounds)
+    wall = _wall_block(fn, input_sets, device, wall_calls, keep)
+    rounds = 1
+    while rounds < WALL_ROUNDS and wall_disagrees(wall[0], med):
+        wall, rounds = min(wall, _wall_block(fn, input_sets, device, wall_calls, keep)), rounds + 1
+    return Timing(med, q1, q3, len(samples), wall[0], n_sets, rounds, wall[1] if device == "cuda" else None)
 
 
 def _wall_block(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str, calls: int,
-                keep: Callable[[int, Any], None] | None) -> float:
-    """Per-call time of `calls` calls back to back, synchronised before and after, by the wall clock."""
+                keep: Callable[[int, Any], None] | None) -> tuple[float, float]:
+    """`calls` calls back to back, synchronised before and after, by the wall clock: the time per call,
+    and the milliseconds the final synchronise waited once the host had issued the last call."""
     sync(device)
     start = _perf_counter()
     for i in range(calls):
         out = fn(*input_sets[i % len(input_sets)])
         if keep is not None:
             keep(i % len(input_sets), out)
+    issued = _perf_counter()
     sync(device)
-    return (_perf_counter() - start) * 1e3 / calls
+    end = _perf_counter()
+    return (end - start) * 1e3 / calls, (end - issued) * 1e3
 
 
 def held_like_a_candidate(device: str, n_sets: int) -> Callable[[int, Any], None] | None:

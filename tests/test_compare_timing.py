@@ -214,16 +214,31 @@ def test_a_wall_clock_that_agrees_is_clocked_once():
     t = time_calls(lambda x: x, [[torch.zeros(1)]], "cpu",
                    TimingParams(warmup_calls=1, min_calls=10, max_calls=10, target_s=0, wall_calls=5))
     assert t.wall_rounds == 1
+    assert t.wall_drain_ms is None  # a CPU's calls end when they return: no GPU to catch up with
+
+
+def test_a_block_whose_gpu_caught_up_at_its_last_launch_drained_at_once():
+    from oracle.timing import drained_at_once
+
+    assert drained_at_once(0.03, 0.02)  # a launch-bound kernel: the sync waits for one call's work, or less
+    assert not drained_at_once(5.0, 0.02)  # work another stream still had: the GPU was behind the host
+    assert not drained_at_once(None, 0.02)
 
 
 def test_the_trusted_side_keeps_the_fastest_round_of_its_clocked_block():
-    from oracle.evaluate import external_ms
+    from oracle.evaluate import external_block
     from oracle.timing import WALL_ROUNDS, block_rounds
 
-    clocks = {"block_start 0": 1.0, "block_end 0": 1.04, "block_start 1": 2.0, "block_end 1": 2.01,
+    clocks = {"block_start 0": 1.0, "block_issued 0": 1.01, "block_end 0": 1.04,
+              "block_start 1": 2.0, "block_issued 1": 2.008, "block_end 1": 2.01,
               "block_start 2": 3.0}  # the third round never ended: it does not count
-    assert external_ms(clocks, 10) == pytest.approx(1.0)  # 10 ms over 10 calls
-    assert external_ms({"block_start 0": 1.0}, 10) is None and external_ms(clocks, 0) is None
+    per_call, drain = external_block(clocks, 10)
+    assert per_call == pytest.approx(1.0) and drain == pytest.approx(2.0)  # 10 ms over 10 calls; waited 2 ms
+    assert external_block({"block_start 0": 1.0}, 10) is None and external_block(clocks, 0) is None
+    no_mark = external_block({"block_start 0": 1.0, "block_end 0": 1.01}, 10)
+    assert no_mark is not None and no_mark[1] is None  # a drain it cannot tell is unknown, not zero
+    out_of_order = external_block({"block_start 0": 1.0, "block_issued 0": 0.5, "block_end 0": 1.01}, 10)
+    assert out_of_order is not None and out_of_order[1] is None
     assert block_rounds(1000, 0.02) == WALL_ROUNDS  # a 20-ms block: a busy host can double it
     assert block_rounds(3, 200.0) == 1  # 0.6 s: a host's delays do not show
     assert block_rounds(20, "fast") == WALL_ROUNDS and block_rounds(20, float("nan")) == WALL_ROUNDS

@@ -79,6 +79,36 @@ def test_score_falls_back_to_the_wall_clock_and_rejects_below_the_floor():
     assert fast["status"] == "rejected" and "below_floor" in fast["flags"]
 
 
+def held(median: float, wall: float, external: float, drains: tuple[float | None, float | None]) -> dict:
+    """A GPU timing whose two wall-clock blocks' final synchronises waited `drains` ms for the GPU."""
+    return {"median_ms": median, "wall_ms": wall, "external_ms": external,
+            "wall_drain_ms": drains[0], "external_drain_ms": drains[1]}
+
+
+def test_a_busy_hosts_slow_launches_are_not_work_the_events_missed():
+    """Beside 15 builds on an H200, a launch-bound kernel's events said 0.0207 ms in five fresh processes and
+    its wall clocks 0.04-0.08 ms, the host issuing more slowly than the GPU worked: each block's GPU had
+    caught up by its last launch, and its profiled kernels took 0.008 ms. Scored by its events, flagged."""
+    eager = {"median_ms": 0.024, "wall_ms": 0.026, "external_ms": 0.027}
+    fields = judge.score(held(0.0207, 0.0745, 0.0694, (0.02, 0.03)), eager, None, [], kernel_ms=0.008)
+    assert "wall_clock_disagrees" not in fields["flags"] and fields["time_ms"] == 0.0207
+    assert "launch_bound" in fields["flags"]
+
+
+def test_work_the_events_miss_still_shows_whatever_the_host():
+    """Another stream's work leaves the GPU behind at the end of a block (a long final wait), or, on a host
+    too slow for the GPU to fall behind, shows in the profiled call's kernels: either way the wall clock."""
+    eager = {"median_ms": 1.0, "wall_ms": 1.0, "external_ms": 1.0}
+    behind = judge.score(held(0.01, 1.0, 1.0, (0.02, 15.0)), eager, None, [], kernel_ms=0.005)
+    assert "wall_clock_disagrees" in behind["flags"] and behind["time_ms"] == 1.0
+    profiled = judge.score(held(0.01, 1.0, 1.0, (0.02, 0.02)), eager, None, [], kernel_ms=0.9)
+    assert "wall_clock_disagrees" in profiled["flags"] and profiled["time_ms"] == 1.0
+    unprofiled = judge.score(held(0.01, 1.0, 1.0, (0.02, 0.02)), eager, None, [], kernel_ms=None)
+    assert "wall_clock_disagrees" in unprofiled["flags"]
+    cpu = judge.score(held(0.01, 1.0, 1.0, (None, 0.02)), eager, None, [], kernel_ms=0.005)  # no drain: a CPU
+    assert "wall_clock_disagrees" in cpu["flags"]
+
+
 def test_the_compile_baseline_arrives_later():
     fields = judge.score(timing(1.0), {"median_ms": 2.0, "wall_ms": 2.0}, None, [])
     both = judge.with_compile_baseline(fields, {"median_ms": 4.0}, None)

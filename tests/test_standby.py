@@ -226,3 +226,4 @@ def test_a_fast_kernels_clocked_block_runs_in_rounds_and_the_fastest_counts(tmp_
     assert v.status == "correct", v.message
     clocked = v.timing["candidate"]
     assert clocked["block_rounds"] == WALL_ROUNDS and 0 < clocked["external_ms"] < 5.0, clocked
+    assert clocked["external_drain_ms"] is not None and clocked["wall_drain_ms"] is None  # a CPU: no GPU drain
