@@ -221,6 +221,7 @@ def test_a_block_whose_gpu_caught_up_at_its_last_launch_drained_at_once():
     from oracle.timing import drained_at_once
 
     assert drained_at_once(0.03, 0.02)  # a launch-bound kernel: the sync waits for one call's work, or less
+    assert drained_at_once(0.26, 0.02)  # the trusted side's wait, two messages on a busy host included
     assert not drained_at_once(5.0, 0.02)  # work another stream still had: the GPU was behind the host
     assert not drained_at_once(None, 0.02)
 

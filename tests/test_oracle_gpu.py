@@ -7,7 +7,8 @@ from typing import Iterator
 
 import pytest
 
-from oracle import Oracle, OracleConfig
+from oracle import Oracle, OracleConfig, judge
+from oracle.timing import WALL_ROUNDS, drained_at_once
 from oracle.verdict import Verdict
 from tasks import Selection, load_tasks
 
@@ -146,6 +147,42 @@ def test_events_hold_a_calls_gpu_work_not_a_slow_hosts_gaps_between_its_launches
     t = time_calls(call, [[x]], "cuda", TimingParams(target_s=0.1))
     assert t.median_ms < 0.1, t
     assert t.wall_ms > 0.3, t
+    assert t.wall_rounds == WALL_ROUNDS  # the wall clock disagreed in every round: it is the host's
+    assert drained_at_once(t.wall_drain_ms, t.median_ms), t  # but the GPU had caught up by each last launch
+    quiet_eager = {"median_ms": 0.01, "wall_ms": 0.011, "external_ms": 0.012}
+    timed = {**t.to_json(), "external_ms": t.wall_ms, "external_drain_ms": t.wall_drain_ms}
+    fields = judge.score(timed, quiet_eager, None, [], kernel_ms=0.004)  # two kernels of about 2 us
+    assert "wall_clock_disagrees" not in fields["flags"] and "launch_bound" in fields["flags"], fields
+
+
+def test_work_on_a_side_stream_leaves_the_gpu_behind_at_the_end_of_a_wall_clock_block():
+    """The other half of the rule: GPU work the events miss (1 ms a call on a stream the timer does not
+    record) is still running when the host has issued the block's last call, so the wall clock counts."""
+    from oracle.timing import TimingParams, time_calls
+
+    x = torch.zeros(1024, device="cuda")
+    side = torch.cuda.Stream()
+    cycles = 0
+
+    def call(x):
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(cycles)
+        return x.add(1)
+
+    cycles = int(1.0 * _cycles_per_ms())
+    t = time_calls(call, [[x]], "cuda", TimingParams(target_s=0.1, flush_l2=False))
+    assert t.median_ms < 0.2 and t.wall_ms > 0.8, t
+    assert not drained_at_once(t.wall_drain_ms, t.median_ms), t
+    timed = {**t.to_json(), "external_ms": t.wall_ms, "external_drain_ms": t.wall_drain_ms}
+    # a profile the candidate fooled (the real one sees the side stream's kernel too): the drain alone decides
+    fields = judge.score(timed, {"median_ms": 0.01, "wall_ms": 0.011}, None, [], kernel_ms=0.005)
+    assert "wall_clock_disagrees" in fields["flags"] and fields["time_ms"] == t.wall_ms, fields
+
+
+def _cycles_per_ms() -> float:
+    from oracle.timing import _spin_cycles_per_ms
+
+    return _spin_cycles_per_ms()
 
 
 def test_a_cold_builds_first_kernel_finds_the_default_header_made_and_builds_at_the_lite_rung(tmp_path):
