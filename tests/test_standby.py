@@ -165,18 +165,24 @@ class ModelNew(nn.Module):
 '''
 
 
+def _judged_in_plain_torch(task, code: str, params: TimingParams, tmp_path: Path):
+    """The verdict of a plain-PyTorch candidate from a CPU oracle of its own: correct, or the test fails."""
+    o = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path / "cache", allow_torch=True, timing=params))
+    try:
+        v = o.evaluate(task, code, "torch")
+    finally:
+        o.close()
+    assert v.status == "correct", v.message
+    return v
+
+
 def test_the_clocked_block_of_a_kernel_slower_than_eager_is_sized_by_its_own_time(task, tmp_path):
     """Sized from eager alone, the block of a kernel 1000x slower than eager held the device for minutes.
     With 10 calls a block, eager (a few ms here) asks for 10; a kernel of 200 ms or more gets the 0.2-s cut's
     floor of 3 calls, whatever eager's time and however loaded the machine (a 50-ms kernel that a loaded
     machine stretched past 67 ms also came to 3, so the figure must not depend on the load)."""
     params = TimingParams(warmup_calls=1, min_calls=3, max_calls=5, target_s=0.05, wall_calls=10)
-    o = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path / "cache", allow_torch=True, timing=params))
-    try:
-        v = o.evaluate(task, SLOW, "torch")
-    finally:
-        o.close()
-    assert v.status == "correct", v.message
+    v = _judged_in_plain_torch(task, SLOW, params, tmp_path)
     assert params.wall_block(200.0) == 3 and v.timing["candidate"]["block_calls"] == 3
     assert v.timing["candidate"]["external_ms"] >= 200.0
     assert v.timing["candidate"]["block_rounds"] == 1  # a round of 0.6 s: a host's delays do not show
@@ -217,13 +223,8 @@ def test_a_fast_kernels_clocked_block_runs_in_rounds_and_the_fastest_counts(tmp_
     from tasks.model import Task
 
     task = Task(id="builtin/tiny", level=None, problem_id=None, name="tiny", code=TINY_TASK, origin="test", sizes={})
-    params = TimingParams(warmup_calls=1, min_calls=5, max_calls=10, target_s=0.05, wall_calls=10)
-    o = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path / "cache", allow_torch=True, timing=params))
-    try:
-        v = o.evaluate(task, TINY, "torch")
-    finally:
-        o.close()
-    assert v.status == "correct", v.message
+    v = _judged_in_plain_torch(task, TINY, TimingParams(warmup_calls=1, min_calls=5, max_calls=10, target_s=0.05,
+                                                        wall_calls=10), tmp_path)
     clocked = v.timing["candidate"]
     assert clocked["block_rounds"] == WALL_ROUNDS and 0 < clocked["external_ms"] < 5.0, clocked
     assert clocked["external_drain_ms"] is not None and clocked["wall_drain_ms"] is None  # a CPU: no GPU drain
