@@ -346,7 +346,6 @@ class _CandidateRun:
         self.spent = _Spent({})
         self.segments: _Segments | None = None
         self.block: int | None = None  # calls in the block this process clocks, once the worker's timing ended
-        self.rounds = 1  # rounds of that block (the fastest counts)
 
     def _block_size(self, measured: Any) -> int:
         """Calls in the clocked block: enough for about 20 ms at the faster of eager and the candidate's own
@@ -454,8 +453,8 @@ class _CandidateRun:
         external = external_block(self.worker.clocks, self.block or 0)
         if external is None:
             return self._verdict("rejected", "the timing block the oracle clocks itself did not run", verify_s=verify_s)
-        timing["external_ms"], timing["external_drain_ms"] = external
-        timing["block_calls"], timing["block_rounds"] = self.block, self.rounds
+        timing.update(external_ms=external.per_call_ms, external_drain_ms=external.drain_ms,
+                      block_calls=self.block, block_rounds=external.rounds)
         flags = ["constant_reference"] if self.reference.prepared.constant else []  # e.g. a ReLU after a shift
         fields = judge.score(timing, self.reference.eager, self.reference.prepared.floor, flags, checked.kernel_ms)
         fields.setdefault("timing", {})["worker_phases"] = {k: round(v, 4) for k, v in self.worker.phases.items()}
@@ -503,8 +502,7 @@ class _CandidateRun:
                 self.worker.send(cmd="go")
             elif "measured" in message and wanted == "result" and self.block is None:
                 self.block = self._block_size(message["measured"])
-                self.rounds = block_rounds(self.block, message["measured"])
-                self.worker.send(cmd="block", calls=self.block, rounds=self.rounds)
+                self.worker.send(cmd="block", calls=self.block, rounds=block_rounds(self.block, message["measured"]))
             elif "checked" in message and wanted == "checked":
                 try:
                     return Checked.from_json(message["checked"])
@@ -610,9 +608,18 @@ def _share_root(output_bytes: int) -> Path | None:
     return None
 
 
-def external_block(clocks: dict[str, float], calls: int) -> tuple[float, float | None] | None:
-    """The worker's fastest clocked block, by this process's clock: its time per call, and how long the
-    worker's final synchronise took after its `block_issued` mark (None: no mark). None: no block ran."""
+@dataclass
+class ClockedBlock:
+    """The block of calls this process clocked around the worker's messages, its fastest round."""
+
+    per_call_ms: float
+    drain_ms: float | None  # how long the worker's final synchronise took after its `block_issued` mark
+    rounds: int  # rounds that ran to their end
+
+
+def external_block(clocks: dict[str, float], calls: int) -> ClockedBlock | None:
+    """The worker's clocked block by this process's clock, from the marks its rounds sent (None: no round
+    ran to its end). A round without a `block_issued` mark between its start and end has no drain."""
     rounds = []
     for r in range(WALL_ROUNDS):
         start, issued, end = (clocks.get(f"block_{mark} {r}") for mark in ("start", "issued", "end"))
@@ -622,4 +629,4 @@ def external_block(clocks: dict[str, float], calls: int) -> tuple[float, float |
     if not rounds or calls <= 0:
         return None
     total, drain = min(rounds, key=lambda r: r[0])
-    return total / calls, drain
+    return ClockedBlock(total / calls, drain, len(rounds))

@@ -153,17 +153,7 @@ class ReferenceState:
             eager = timing.time_calls(model, sets, self.device, params, keep=keep).to_json()
             n = timing.block_calls(eager["median_ms"], params.wall_block(eager["median_ms"]))
             rounds = timing.block_rounds(n, eager["median_ms"])  # as many as a candidate's clocked block has
-            blocks = []
-            for _ in range(rounds):
-                timing.sync(self.device)
-                started = time.perf_counter()
-                for i in range(n):
-                    out = model(*sets[i % len(sets)])
-                    if keep is not None:
-                        keep(i % len(sets), out)
-                timing.sync(self.device)
-                blocks.append((time.perf_counter() - started) * 1e3 / n)
-            eager["external_ms"] = min(blocks)
+            eager["external_ms"] = min(timing.back_to_back(model, sets, self.device, n, keep)[0] for _ in range(rounds))
             eager["block_calls"] = n
         return eager
 

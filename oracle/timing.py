@@ -179,14 +179,14 @@ def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], devi
     q1, med, q3 = _quartiles(samples)
 
     wall_calls = params.wall_block(med)
-    wall = _wall_block(fn, input_sets, device, wall_calls, keep)
+    wall = back_to_back(fn, input_sets, device, wall_calls, keep)
     rounds = 1
     while rounds < WALL_ROUNDS and wall_disagrees(wall[0], med):
-        wall, rounds = min(wall, _wall_block(fn, input_sets, device, wall_calls, keep)), rounds + 1
+        wall, rounds = min(wall, back_to_back(fn, input_sets, device, wall_calls, keep)), rounds + 1
     return Timing(med, q1, q3, len(samples), wall[0], n_sets, rounds, wall[1] if device == "cuda" else None)
 
 
-def _wall_block(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str, calls: int,
+def back_to_back(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str, calls: int,
                 keep: Callable[[int, Any], None] | None) -> tuple[float, float]:
     """`calls` calls back to back, synchronised before and after, by the wall clock: the time per call,
     and the milliseconds the final synchronise waited once the host had issued the last call."""
