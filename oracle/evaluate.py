@@ -253,6 +253,7 @@ class Oracle:
         quiet = quiet or contextlib.nullcontext
         self.standby.fill()  # from the first candidate on, the next ones find their worker started
         spent: dict[str, float] = {}
+        pin_asked = time.perf_counter()
         with self.references.pinned(task):  # its reference stays in the reference process until the verdict
             asked = time.perf_counter()
             try:
@@ -268,6 +269,8 @@ class Oracle:
             finally:
                 run.close()
         verdict.queued_s["reference"] = round(waited, 4)
+        # room in the reference process's memory beside the tasks of the candidates being judged
+        verdict.queued_s["reference_memory"] = round(asked - pin_asked, 4)
         for phase, seconds in (verdict.device_s or {}).items():
             self.device_s[phase] = self.device_s.get(phase, 0.0) + seconds
         return verdict
