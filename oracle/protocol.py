@@ -170,8 +170,6 @@ class Prepared(Record):
     reference_s: float  # seconds spent computing it (0 when it was kept from before)
     error: str | None = None
     float64: str | None = None  # why the float64 reference could not be made (None: it was, or not needed)
-    recomputed: bool = False  # the expected outputs are computed again for each comparison, not kept
-    kept_bytes: int = 0  # device bytes the reference process holds for the task while it is in use
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Any, Callable, ContextManager, Iterator
 import torch
 
 from oracle.protocol import Case, Compare, Compared, Prepared, PrepareTask, TimeEager
-from oracle.reference_server import compile_entry, kept_bytes, recomputes, reference_server_entry
+from oracle.reference_server import compile_entry, reference_server_entry
 from oracle.sandbox import PhaseTimeout, Worker, WorkerDied, run_to_result
 from oracle.timing import TimingParams
 from tasks.fitting import shrink_once
@@ -204,14 +204,12 @@ class References:
         enter before `get`. Its size is what its last preparation reported, else a guess from its inputs."""
         key = self.key(task)
         known = self._known.get(key)
-        if known is not None and known.prepared.kept_bytes:
-            nbytes = known.prepared.kept_bytes
-        else:  # not prepared yet: outputs about the size of the inputs
-            s = self.settings
-            sets = len(_cases(s, len(known.codes) if known else 2)) + len(self.timing_seeds(task))
-            size = int(task.input_mb * 1024**2)
-            recompute = recomputes(size, sets, s.float64_max_bytes, s.budget_bytes, s.device)
-            nbytes = kept_bytes(size, size, sets, size <= s.float64_max_bytes, recompute)
+        sets = len(_cases(self.settings, len(known.codes) if known else 2)) + len(self.timing_seeds(task))
+        if known is not None:
+            p = known.prepared
+            nbytes = sets * p.output_bytes * (1 if p.float64 else 2)  # ref64 - ref kept beside each output
+        else:
+            nbytes = int(sets * task.input_mb * 1024**2)  # outputs about the size of the inputs
         return self._resident.pinned(key, nbytes)
 
     def timing_seeds(self, task: Task) -> list[int]:

@@ -2,10 +2,7 @@
 
 It keeps, per task, the reference outputs of every check and timing input set in device memory, made once
 and reused by every candidate of that task (least recently used out, within a memory budget; a task with a
-candidate being judged is never dropped). A task whose outputs would fill more than a quarter of the budget
-(a 3 GB elementwise output, kept for eight input sets, is 24 GB) is kept as its models only, and each
-comparison computes the one input set's expected outputs again (`recomputes`): milliseconds on a GPU, where
-keeping them let one such task at a time be judged. Candidates' outputs reach it as `SharedTensor` descriptors (CUDA
+candidate being judged is never dropped). Candidates' outputs reach it as `SharedTensor` descriptors (CUDA
 IPC on a GPU, memory-backed files on a CPU); it copies them, compares them on the device with the task's
 reference, and answers with the first mismatching values only. A candidate's process never holds a
 reference output. It also times eager PyTorch, once per task, while the oracle holds the device alone.
@@ -40,37 +37,15 @@ from oracle.tolerance import POLICIES, Float64Scale
 from tasks.runtime import exec_task_code, one_line, task_constants
 
 
-RECOMPUTE_SHARE = 4  # outputs over this part of the budget are computed again for each comparison
-RECOMPUTE_DEVICES = {"cuda"}
-
-
-def recomputes(output_bytes: int, sets: int, float64_max_bytes: int, budget_bytes: int, device: str) -> bool:
-    """Whether a task's expected outputs are computed again for each comparison instead of kept: on a GPU
-    (where an input set is made in milliseconds; on a CPU it takes seconds, and one candidate is checked at a
-    time there anyway), when they would take more than 1/RECOMPUTE_SHARE of the budget and the task has no
-    float64 reference (outputs over `float64_max_bytes`), whose corrections could only be had by keeping them."""
-    return (device in RECOMPUTE_DEVICES and output_bytes > float64_max_bytes
-            and sets * output_bytes > budget_bytes // RECOMPUTE_SHARE)
-
-
-def kept_bytes(output_bytes: int, input_bytes: int, sets: int, float64: bool, recompute: bool) -> int:
-    """Device bytes the reference process holds for a task in use: every set's outputs (twice, with the
-    float64 corrections beside them), or, recomputing, one set's inputs and outputs while it compares."""
-    if recompute:
-        return input_bytes + output_bytes
-    return sets * output_bytes * (2 if float64 else 1)
-
-
 @dataclass
 class TaskReference:
-    """What the reference process keeps for one task: its models and the expected outputs (or, for a
-    task that `recomputes`, none: they are computed again for each comparison)."""
+    """What the reference process keeps for one task: its models and the expected outputs."""
 
     request: PrepareTask
     modules: list[Any]
     models: list[torch.nn.Module]
-    outputs: list[list[torch.Tensor | None]] | None  # per check case
-    timing_outputs: list[list[torch.Tensor | None]] | None  # per timing input set
+    outputs: list[list[torch.Tensor | None]]  # per check case
+    timing_outputs: list[list[torch.Tensor | None]]  # per timing input set
     prepared: Prepared
     sessions: int = 0  # candidates being judged against it now
     # From the float64 reference (None where it could not be made): ref64 - ref per output, kept in float32
@@ -84,23 +59,8 @@ class TaskReference:
 
     @property
     def nbytes(self) -> int:
-        kept = ((self.outputs or []) + (self.timing_outputs or []) + (self.corrections or [])
-                + (self.timing_corrections or []))
+        kept = self.outputs + self.timing_outputs + (self.corrections or []) + (self.timing_corrections or [])
         return sum(t.numel() * t.element_size() for outs in kept for t in outs if t is not None)
-
-    def expected(self, kind: str, index: int, device: str) -> list[torch.Tensor | None]:
-        """The reference outputs of check case `index` (`kind` "check") or of timing input set `index`:
-        kept, or computed now from the same seeded inputs and model."""
-        kept = self.outputs if kind == "check" else self.timing_outputs
-        if kept is not None:
-            return kept[index]
-        if kind == "check":
-            case = Case.from_json(self.request.cases[index])
-            code, seed = case.code, case.seed
-        else:
-            code, seed = 0, self.request.timing_seeds[index]
-        with torch.no_grad():
-            return _kept(self.models[code](*_seeded_inputs(self.modules[code], seed, device)))
 
 
 @dataclass
@@ -128,24 +88,16 @@ class ReferenceState:
         modules = [exec_task_code(code, request.task_id) for code in request.codes]
         models = [_reference_model(m, request.init_seed, device) for m in modules]
         cases = [Case.from_json(c) for c in request.cases]
-        sets = len(cases) + len(request.timing_seeds)
         outputs: list[list[torch.Tensor | None]] = []
-        timing_outputs: list[list[torch.Tensor | None]] = []
-        constant, output_bytes, recompute = True, 0, False
         with torch.no_grad():
-            # Made one at a time: a task that `recomputes` never holds more than one set's outputs.
-            for i, (code, seed, name) in enumerate([(c.code, c.seed, f"reference call {i}") for i, c in enumerate(cases)]
-                                                   + [(0, s, f"reference timing set {k}")
-                                                      for k, s in enumerate(request.timing_seeds)]):
-                send(conn, phase=name, deadline_s=request.call_timeout_s)
-                out = _kept(models[code](*_seeded_inputs(modules[code], seed, device)))
-                if i == 0:
-                    output_bytes = sum(t.numel() * t.element_size() for t in out if t is not None)
-                    recompute = recomputes(output_bytes, sets, request.float64_max_bytes, self.budget_bytes, device)
-                if i < len(cases):
-                    constant = constant and all(t is None or t.numel() < 2 or bool((t == t.flatten()[0]).all()) for t in out)
-                (outputs if i < len(cases) else timing_outputs).append([] if recompute else out)
-                del out
+            for i, case in enumerate(cases):
+                send(conn, phase=f"reference call {i}", deadline_s=request.call_timeout_s)
+                out = models[case.code](*_seeded_inputs(modules[case.code], case.seed, device))
+                outputs.append(_kept(out))
+            timing_outputs = []
+            for k, seed in enumerate(request.timing_seeds):
+                send(conn, phase=f"reference timing set {k}", deadline_s=request.call_timeout_s)
+                timing_outputs.append(_kept(models[0](*_seeded_inputs(modules[0], seed, device))))
             timing.sync(device)
             inputs0 = _seeded_inputs(modules[cases[0].code], cases[0].seed, device)
             send(conn, phase="reference profile", deadline_s=request.call_timeout_s * 3)
@@ -158,24 +110,22 @@ class ReferenceState:
             del inputs0
         if device == "cuda":
             torch.cuda.empty_cache()  # the temporaries of the reference calls go back to the device
+        constant = all(t is None or t.numel() < 2 or bool((t == t.flatten()[0]).all()) for outs in outputs for t in outs)
+        output_bytes = sum(t.numel() * t.element_size() for t in outputs[0] if t is not None)
         if output_bytes > request.float64_max_bytes:
             float64: Float64Result | str = (f"no float64 reference: outputs of {output_bytes / 1024**2:.3g} MB, over "
                                             f"{request.float64_max_bytes / 1024**2:.3g} MB (it would double the memory kept)")
         else:
             send(conn, phase="float64 reference", deadline_s=request.call_timeout_s * (len(cases) + len(request.timing_seeds)))
             float64 = _float64_reference(modules, models, cases, request.timing_seeds, outputs, timing_outputs, device)
-        with_float64 = not isinstance(float64, str) and any(t is not None for outs in float64[0] for t in outs)
         prepared = Prepared(ops=ops, kernels=kernels, floor=measured_floor, constant=constant,
                             output_bytes=output_bytes,
                             input_bytes=input_bytes,
                             reference_s=time.perf_counter() - started,
-                            float64=float64 if isinstance(float64, str) else None,
-                            recomputed=recompute,
-                            kept_bytes=kept_bytes(output_bytes, input_bytes, sets, with_float64, recompute))
+                            float64=float64 if isinstance(float64, str) else None)
         sizes = [task_constants(m.namespace) for m in modules]
         smaller = {k: v for k, v in sizes[1].items() if sizes[0].get(k) != v} if len(sizes) > 1 else None
-        ref = TaskReference(request, modules, models, None if recompute else outputs,
-                            None if recompute else timing_outputs, prepared, smaller=smaller, sizes=sizes[0])
+        ref = TaskReference(request, modules, models, outputs, timing_outputs, prepared, smaller=smaller, sizes=sizes[0])
         if not isinstance(float64, str):
             ref.corrections, ref.timing_corrections, ref.scales = float64
         self.tasks[request.key] = ref
@@ -232,12 +182,12 @@ class ReferenceState:
         except ShareError as exc:
             return Compared(False, str(exc), seconds=time.perf_counter() - started)
         if request.kind == "check":
-            if not 0 <= request.index < len(ref.request.cases):
+            if not 0 <= request.index < len(ref.outputs):
                 raise ValueError("no such check")
             cases = [Case.from_json(c) for c in ref.request.cases]
             where = check_name(request.index, len(cases), ref.smaller if cases[request.index].code > 0 else None,
                                ref.sizes)
-            judged = _judged(outs, ref.expected("check", request.index, self.device), where, request.policy,
+            judged = _judged(outs, ref.outputs[request.index], where, request.policy,
                              ref.corrections[request.index] if ref.corrections else None, ref.scales)
             if request.index == 0 and judged.passes:
                 session.first_outputs = outs
@@ -246,9 +196,9 @@ class ReferenceState:
             if session.first_outputs is not None and not unchanged(session.first_outputs, outs):
                 judged = OutputsJudged(REUSED_OUTPUT, [])
         elif request.kind in ("timed", "block"):
-            if not 0 <= request.index < len(ref.request.timing_seeds):
+            if not 0 <= request.index < len(ref.timing_outputs):
                 raise ValueError("no such timing input set")
-            judged = _judged(outs, ref.expected("timed", request.index, self.device), timed_name(request.kind, request.index),
+            judged = _judged(outs, ref.timing_outputs[request.index], timed_name(request.kind, request.index),
                              request.policy, ref.timing_corrections[request.index] if ref.timing_corrections else None,
                              ref.scales)
             if judged.problem:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -253,3 +254,37 @@ def test_a_check_that_waits_for_its_tasks_reference_says_so(cache, task, first_c
         o.close()
     assert v.status == "correct", v.message
     assert 0.45 <= v.queued_s["reference"] < 3.0, v.queued_s
+
+
+def test_a_check_that_waits_for_room_beside_other_tasks_references_says_so(cache, task, first_correct, monkeypatch):
+    """A candidate whose task does not fit in the reference process's memory beside the tasks of the
+    candidates being judged waits for them before its check (`oracle.reference.ResidentBudget`), holding
+    its device slot: `queued_s["reference_memory"]` says how long, so a run shows where its slots went."""
+    fast = TimingParams(warmup_calls=2, min_calls=5, max_calls=20, target_s=0.2, wall_calls=5)
+    o = Oracle(OracleConfig(device="cpu", cache_dir=cache, timing=fast, call_timeout_s=20))
+    budget, pin = o.references._resident, o.references.pinned
+    held, asked, release = threading.Event(), threading.Event(), threading.Event()
+
+    def other_task() -> None:  # a candidate of a task that fills the whole budget, done 0.6 s after ours asks
+        with budget.pinned("another task", budget.total):
+            held.set()
+            asked.wait(30)
+            time.sleep(0.6)
+        release.set()
+
+    def pinned(t):
+        asked.set()
+        return pin(t)
+
+    try:
+        o.references.get(task)
+        threading.Thread(target=other_task, daemon=True).start()
+        assert held.wait(10)
+        monkeypatch.setattr(o.references, "pinned", pinned)
+        v = o.evaluate(task, text("correct"))
+    finally:
+        asked.set()
+        release.wait(10)
+        o.close()
+    assert v.status == "correct", v.message
+    assert 0.55 <= v.queued_s["reference_memory"] < 10.0, v.queued_s
