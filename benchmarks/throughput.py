@@ -228,13 +228,36 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
                "oracle_init_s": [o.get("init_s") for o in config.get("oracles_started", [])],
                "first_verdict_at_s": min((v["at_s"] for v in verdicts), default=None)}
     return {"candidates": len(judged), "wall_s": wall, "per_min": 60 * len(judged) / wall if judged and wall > 0 else 0.0,
-            "startup": startup,
+            "startup": startup, "on_device": on_device(judged, started),
             "device_s_p50": pct(device_s, 0.5), "device_s_p95": pct(device_s, 0.95),
             "phases_p50": {k: pct(v, 0.5) for k, v in phases.items()}, "phases_sum": {k: sum(v) for k, v in phases.items()},
             "queued_p50": {k: pct(v, 0.5) for k, v in queued.items()}, "queued_p90": {k: pct(v, 0.9) for k, v in queued.items()},
             "worker_phases_p50": {k: pct(v, 0.5) for k, v in worker_phases.items()},
             "build_p50_s": pct(builds, 0.5), "build_p90_s": pct(builds, 0.9), "how_built": how_built,
             "as_expected": sum(v["as_expected"] for v in verdicts), "verdicts": verdicts}
+
+
+def on_device(judged: list[dict], started: float) -> dict:
+    """How many candidates were in their checks or timing at once, from each verdict's end (`recorded_at`) and
+    its `verify_s` + `time_s`: the mean over the span from the first such start to the last end, the most at
+    any moment, and the share of that span with at most one. A run whose device slots are held by candidates
+    waiting before their checks (`queued_s`) shows as one at a time, however many slots it has."""
+    spans = sorted((r["recorded_at"] - started - d, r["recorded_at"] - started)
+                   for r in judged if r.get("recorded_at") and (d := (r.get("verify_s") or 0) + (r.get("time_s") or 0)) > 0)
+    if not spans:
+        return {"mean": None, "most": 0, "share_at_most_one": None, "span_s": 0.0}
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
+    begin, end = edges[0][0], edges[-1][0]
+    busy = at_most_one = 0.0
+    now, count, most = begin, 0, 0
+    for at, step in edges:
+        busy += count * (at - now)
+        at_most_one += (at - now) if count <= 1 else 0.0
+        now, count = at, count + step
+        most = max(most, count)
+    span = end - begin
+    return {"mean": round(busy / span, 3) if span > 0 else None, "most": most,
+            "share_at_most_one": round(at_most_one / span, 3) if span > 0 else None, "span_s": round(span, 1)}
 
 
 def run_peer(files: list[tuple[str, Path]], tasks: dict, work: Path) -> dict:
@@ -320,6 +343,9 @@ def main() -> None:
         print(f"worker phases p50 (s): {o['worker_phases_p50']}")
         print(f"fresh builds: {o['how_built']}")
         print(f"startup: {o['startup']}")
+        d = o["on_device"]
+        print(f"candidates in their checks or timing at once: mean {d['mean']}, most {d['most']}, at most one "
+              f"{d['share_at_most_one']} of the {d['span_s']} s from the first check to the last verdict")
     if args.peer and report["peer"].get("candidates"):
         p = report["peer"]
         print(f"peer: {p['candidates']} candidates in {p['wall_s']:.0f} s = {p['per_min']:.2f} a minute "

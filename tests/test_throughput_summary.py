@@ -48,3 +48,18 @@ def test_the_summary_counts_a_run_folder_through_the_one_reader(tmp_path):
     assert s["phases_sum"]["waiting"] == 9.0  # kept by phase, left out of the candidate's device seconds
     assert s["queued_p50"] == {"build": 0.1, "device": 4.0} and s["queued_p90"] == {"build": 0.3, "device": 6.0}
     assert s["startup"]["ray"] == 2.0 and (s["build_p50_s"], s["build_p90_s"]) == (20.0, 30.0)  # nearest rank
+
+
+def test_the_summary_says_how_many_candidates_were_on_the_device_at_once():
+    def judged(end: float, verify: float, timing: float = 0.0) -> dict:
+        return {"recorded_at": 100.0 + end, "verify_s": verify, "time_s": timing}
+
+    # checks and timing over [0, 2], [1, 3] and [5, 6] after the start: two at once for one second of six
+    d = throughput.on_device([judged(2, 1.5, 0.5), judged(3, 2.0), judged(6, 0.5, 0.5), {"recorded_at": 101.0}],
+                             started=100.0)
+    assert d == {"mean": pytest.approx(5 / 6, abs=1e-3), "most": 2, "share_at_most_one": pytest.approx(5 / 6, abs=1e-3),
+                 "span_s": 6.0}
+    # one after another, as four device slots held by candidates waiting before their checks look
+    serial = throughput.on_device([judged(k + 1, 1.0) for k in range(4)], started=100.0)
+    assert serial["most"] == 1 and serial["share_at_most_one"] == 1.0 and serial["mean"] == 1.0
+    assert throughput.on_device([], started=100.0)["most"] == 0
