@@ -240,6 +240,13 @@ class Oracle:
 
     # ------------------------------------------------------------ device slot
 
+    def reference_room(self, task: Task, build: BuildOutcome) -> ContextManager | None:
+        """Room for the task's reference beside the tasks being judged (`References.pinned`), for a caller that
+        waits for it before taking a device slot (`oracle.device_queue`); None for a candidate that will not
+        reach the device (its build failed or was refused). `check_and_time` pins the task itself too: held
+        here first, that costs nothing."""
+        return None if build.status else self.references.pinned(task)
+
     def check_and_time(self, task: Task, candidate: Candidate, build: BuildOutcome,
                        quiet: Callable[[], ContextManager] | None = None, fresh_baseline: bool = False) -> Verdict:
         """Check, then time. Several threads may check candidates at once (the device lock's shared side);
