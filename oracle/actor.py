@@ -1,9 +1,8 @@
-"""The Ray oracle actor: one per GPU (or a CPU oracle), with CPU build slots and device slots.
+"""The Ray oracle actor: one per GPU (or a CPU oracle), with CPU build slots and one timing slot.
 
-Builds run in worker processes with the GPU hidden, several at a time, while the device slots check and
-time built candidates (each once its task has room in the reference process: `oracle.device_queue`): the
-GPU does not wait while builds are queued. Untrusted code never runs in this actor itself, only in the
-workers it starts.
+Builds run in worker processes with the GPU hidden, several at a time, while the one timing slot checks
+and times a candidate on the device: the GPU does not wait while builds are queued. Untrusted code never
+runs in this actor itself, only in the workers it starts.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from typing import Any
 import ray
 
 from oracle.candidate import Candidate
-from oracle.device_queue import DeviceQueue
 from oracle.evaluate import Oracle, OracleConfig, not_measured
 from oracle.verdict import Verdict
 from tasks.model import Task
@@ -38,9 +36,8 @@ class OracleActor:
         if gate is not None:  # restarted after dying mid-timing: drop the pause the dead one held
             gate.forget.remote(self.holder)
         self.build_slots = asyncio.Semaphore(build_slots)
-        # candidates on the device at once: their checks overlap, their timing does not (oracle.device_lock);
-        # each enters once its task has room in the reference process (oracle.device_queue)
-        self.device = DeviceQueue(config.device_slots)
+        # candidates on the device at once: their checks overlap, their timing does not (oracle.device_lock)
+        self.device_slots = asyncio.Semaphore(config.device_slots)
         self.busy = {"building": 0, "timing": 0, "queued": 0}
         self._preparing: dict[str, asyncio.Future] = {}  # per task code: its reference made beside the first build
         # threads of their own: waiting for the reference process or the device, they would otherwise take
@@ -97,7 +94,7 @@ class OracleActor:
             with self.oracle.alone(), quiet():
                 return profile_task(task, self.oracle.config.device, self.oracle.threads, self.oracle.config.init_seed)
 
-        async with self.device.slots:
+        async with self.device_slots:
             self.busy["timing"] += 1
             try:
                 return await asyncio.to_thread(alone)
@@ -110,15 +107,15 @@ class OracleActor:
         verdict comes back without its torch.compile speedup (see `with_compile_baseline`), except a re-timing's,
         and with the seconds it waited for its slots (`Verdict.queued_s`)."""
         quiet = self._quiet(asyncio.get_running_loop())
-        async with self.device.entered(self.oracle.reference_room(task, build)) as waits:
+        asked = time.perf_counter()
+        async with self.device_slots:
+            waited = round(time.perf_counter() - asked, 4)
             self.busy["timing"] += 1
             try:
                 verdict = await asyncio.to_thread(self.oracle.check_and_time, task, candidate, build, quiet, fresh_baseline)
             finally:
                 self.busy["timing"] -= 1
-        inside = verdict.queued_s.get("reference_memory", 0.0)  # about 0: check_and_time's own pin joins this one
-        verdict.queued_s = {**(queued or {}), "device": round(waits.slot, 4), **verdict.queued_s,
-                            "reference_memory": round(waits.room + inside, 4)}
+        verdict.queued_s = {**(queued or {}), "device": waited, **verdict.queued_s}
         if fresh_baseline:
             verdict = await self._with_compile(task, verdict)
         return verdict.to_json()
@@ -165,7 +162,7 @@ class OracleActor:
 
     def stats(self) -> dict[str, Any]:
         lock = self.oracle.quiet.lock
-        return {**self.busy, "room": self.device.waiting_for_room, "device_busy_s": lock.busy_now(), "device_exclusive_s": lock.exclusive_s,
+        return {**self.busy, "device_busy_s": lock.busy_now(), "device_exclusive_s": lock.exclusive_s,
                 "device_phases_s": dict(self.oracle.device_s),
                 "device_slots": self.oracle.config.device_slots, "build_s": self.build_s,
                 "alive_s": time.time() - self.started, "ready_at": self.started, "init_s": self.init_s,

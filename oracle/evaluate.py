@@ -75,11 +75,8 @@ class OracleConfig:
     check_slots: int | None = None  # candidates checked at once on the device (default: 4 on a GPU, 1 on a CPU)
     # workers started ahead of their candidates (oracle.standby; default: one per device slot; 0: none)
     standby_workers: int | None = None
-    # Share of the device's memory the kept reference outputs may use. A level-1 elementwise task at the
-    # default fit keeps 24 GB (8 input sets of 3 GB outputs): at 0.2 of an H200 (28 GB) the small tasks
-    # (a GEMM epilogue keeps about 0.5 GB, a reduction 50 MB) are still judged beside it.
-    reference_memory: float = 0.2
-    candidate_memory: float = 0.4  # share the candidates' workers may be promised at once (two 27-GB workers)
+    reference_memory: float = 0.15  # share of the device's memory the kept reference outputs may use
+    candidate_memory: float = 0.45  # share the candidates' workers may be promised at once
     # share the torch.compile workers may be promised at once: apart, so that baselines made in the
     # background never keep a candidate's checks waiting for memory
     compile_memory: float = 0.2
@@ -242,13 +239,6 @@ class Oracle:
         return None
 
     # ------------------------------------------------------------ device slot
-
-    def reference_room(self, task: Task, build: BuildOutcome) -> ContextManager | None:
-        """Room for the task's reference beside the tasks being judged (`References.pinned`), for a caller that
-        waits for it before taking a device slot (`oracle.device_queue`); None for a candidate that will not
-        reach the device (its build failed or was refused). `check_and_time` pins the task itself too: held
-        here first, that costs nothing."""
-        return None if build.status else self.references.pinned(task)
 
     def check_and_time(self, task: Task, candidate: Candidate, build: BuildOutcome,
                        quiet: Callable[[], ContextManager] | None = None, fresh_baseline: bool = False) -> Verdict:

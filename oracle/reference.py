@@ -90,36 +90,27 @@ class ResidentBudget:
     process drops idle tasks (least recently used) to stay within its budget but never one in use, so
     candidates of many large tasks at once would hold them all: a candidate's task is pinned here first,
     and a task that does not fit beside the pinned ones waits (one alone always fits). Candidates of a
-    task already pinned join it at no cost. Tasks not yet pinned are let in first come, first served: a
-    task as large as the budget waits for the pinned ones to end, not for a gap that smaller tasks arriving
-    after it would keep filling (on an H200 that starved one such candidate for 211 s)."""
+    task already pinned join it at no cost."""
 
     def __init__(self, total_bytes: int) -> None:
         self.total = total_bytes
         self.used = 0
         self._pins: dict[str, list[int]] = {}  # key -> [holders, bytes]
-        self._queue: list[object] = []  # tickets of the candidates waiting for a task not yet pinned, in order
         self._cond = threading.Condition()
 
     @contextlib.contextmanager
     def pinned(self, key: str, nbytes: int) -> Iterator[None]:
         nbytes = min(max(0, nbytes), self.total)
         with self._cond:
-            ticket = object()
-            self._queue.append(ticket)
-            try:
-                while True:
-                    if key in self._pins:
-                        self._pins[key][0] += 1
-                        break
-                    if self._queue[0] is ticket and (not self.used or self.used + nbytes <= self.total):
-                        self._pins[key] = [1, nbytes]
-                        self.used += nbytes
-                        break
-                    self._cond.wait()
-            finally:
-                self._queue.remove(ticket)
-                self._cond.notify_all()  # the next in line may fit now
+            while True:
+                if key in self._pins:
+                    self._pins[key][0] += 1
+                    break
+                if not self.used or self.used + nbytes <= self.total:
+                    self._pins[key] = [1, nbytes]
+                    self.used += nbytes
+                    break
+                self._cond.wait()
         try:
             yield
         finally:

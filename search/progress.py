@@ -213,8 +213,6 @@ class RunProgress:
         queued = sum(int(p.get("queued", 0)) for p in alive)
         text = (f"oracles {len(self.pool)}: on the device {on_device}/{slots}, building {building}, "
                 f"builds queued {queued}")
-        room = sum(int(p.get("room", 0)) for p in alive)  # waiting for their task's room in the reference process
-        text += f", waiting for reference memory {room}" if room else ""
         text += (f", {dead} restarting" if dead else "") + (f", {lost} lost with their node" if lost else "")
         # Where the device's time went so far (seconds by phase, all oracles): the check, the timing, and
         # each task's first reference and eager baseline.

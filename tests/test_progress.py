@@ -191,13 +191,6 @@ def test_the_pool_line_says_where_the_device_time_went():
                                     "device s: checks 14, timing 3, baselines 2")
 
 
-def test_the_pool_line_counts_candidates_waiting_for_reference_memory():
-    progress = RunProgress(Console(file=io.StringIO()), TASKS, 4, [])
-    progress.pool = [{"timing": 2, "device_slots": 4, "room": 3}, {"timing": 0, "device_slots": 4, "room": 0}]
-    assert progress.pool_text() == ("oracles 2: on the device 2/8, building 0, builds queued 0, "
-                                    "waiting for reference memory 3")
-
-
 def test_a_sample_recorded_again_with_its_compile_baseline_replaces_its_first_record():
     """A correct sample comes first without its task's torch.compile speedup, then again with it: the live
     figures take the second in the first's place, and count the sample once."""

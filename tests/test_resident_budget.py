@@ -58,25 +58,3 @@ def test_one_task_larger_than_the_budget_still_runs_alone():
     assert other.entered.wait(10)
     other.done()
     assert budget.used == 0
-
-
-def test_tasks_not_yet_pinned_are_let_in_in_the_order_they_came():
-    """A task as large as the budget waits for the pinned ones to end; a small task that comes after it does
-    not slip in beside them and keep the large one waiting, while candidates of a pinned task still join."""
-    budget = ResidentBudget(100)
-    small = Holder(budget, "small", 10)
-    assert small.entered.wait(10)
-    large = Holder(budget, "large", 100)
-    assert not large.entered.wait(0.3)  # waits for `small` to end
-    later = Holder(budget, "later", 10)  # would fit beside `small`, but came after `large`
-    joiner = Holder(budget, "small", 10)  # `small` is pinned: its candidates join it at once
-    assert joiner.entered.wait(10)
-    assert not later.entered.wait(0.3)
-    small.done()
-    joiner.done()
-    assert large.entered.wait(10)
-    assert not later.entered.wait(0.3)  # 100 + 10 > 100
-    large.done()
-    assert later.entered.wait(10)
-    later.done()
-    assert budget.used == 0
