@@ -18,10 +18,15 @@ imported. Inside a worker, `install_build_hooks` wraps that call so that
   kernel, is most of a CUDA build). Two rungs are tried in turn: `lite`, the tensor type and the handful of
   operators kernels' glue uses (`LITE_HEADER`), then `torch/types.h`; a source that still misses a
   declaration is built as written.
+A folder is decided, built and recorded by one process at a time (`_folder_held`): two candidates sharing
+an extension and built at once would otherwise leave its choices out of step with the flags its library
+was built with, and every later import would compile it again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -237,29 +242,30 @@ def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord, 
         build_dir = cache / "ext" / key
         build_dir.mkdir(parents=True, exist_ok=True)
         call.update(name=unique, build_directory=str(build_dir), verbose=False)
-        before = _newest_library(build_dir)
-        choices = _build_choices(build_dir, call, original is original_inline, pch, record, first_rung)
-        t0 = time.perf_counter()
-        while True:
-            try:
-                module = original(**_apply_choices(call, choices))
-                break
-            except Exception as exc:  # noqa: BLE001 - the compiler's message is the useful part
-                text = str(exc)
-                rung = _rung(choices)
-                # Past `lite`, any error sends the source to torch/types.h, whose verdicts are the ones a
-                # build had before the rung existed; past torch/types.h only a missing declaration does.
-                if rung is None or (rung != "lite" and not any(m in text for m in MISSING_DECLARATION)):
-                    record.error = trim_compiler_output(text)
-                    raise BuildFailed(record.error) from None
-                # the lighter header was not enough: the next rung, or the source as written
-                choices.pop("light", None)
-                choices["failed"] = [*choices.get("failed", []), rung]
-                choices["header"] = _next_rung(rung) or AS_WRITTEN
-                _save_choices(build_dir, choices)
+        with _folder_held(build_dir):  # another process building this folder: wait, then load what it built
+            before = _newest_library(build_dir)
+            choices = _build_choices(build_dir, call, original is original_inline, pch, record, first_rung)
+            t0 = time.perf_counter()
+            while True:
+                try:
+                    module = original(**_apply_choices(call, choices))
+                    break
+                except Exception as exc:  # noqa: BLE001 - the compiler's message is the useful part
+                    text = str(exc)
+                    rung = _rung(choices)
+                    # Past `lite`, any error sends the source to torch/types.h, whose verdicts are the ones a
+                    # build had before the rung existed; past torch/types.h only a missing declaration does.
+                    if rung is None or (rung != "lite" and not any(m in text for m in MISSING_DECLARATION)):
+                        record.error = trim_compiler_output(text)
+                        raise BuildFailed(record.error) from None
+                    # the lighter header was not enough: the next rung, or the source as written
+                    choices.pop("light", None)
+                    choices["failed"] = [*choices.get("failed", []), rung]
+                    choices["header"] = _next_rung(rung) or AS_WRITTEN
+                    _save_choices(build_dir, choices)
+            after = _newest_library(build_dir)
         if record.cuda_header is None and ("header" in choices or "light" in choices):
             record.cuda_header = _rung(choices) or AS_WRITTEN
-        after = _newest_library(build_dir)
         if after != before:
             record.compiled = True
             record.build_s += time.perf_counter() - t0
@@ -306,7 +312,26 @@ def _build_choices(build_dir: Path, call: dict[str, Any], inline: bool, pch: Pat
 
 
 def _save_choices(build_dir: Path, choices: dict[str, Any]) -> None:
-    (build_dir / "choices.json").write_text(json.dumps(choices))
+    """Written whole or not at all: a reader never meets half a file (it would read no choices, and build
+    with other flags than the library's)."""
+    part = build_dir / f"choices.json.{os.getpid()}"
+    part.write_text(json.dumps(choices))
+    os.replace(part, build_dir / "choices.json")
+
+
+@contextlib.contextmanager
+def _folder_held(build_dir: Path):
+    """One process at a time decides, builds and loads an extension folder. PyTorch's own lock covers its
+    compile only: a second process that waited on it loads the library the first built, while the choices
+    it saved (with or without a precompiled header, say) stay in the folder, and the next import finds
+    flags that differ from the library's and compiles it again (20 s of a check on an H200, in its device
+    slot). The kernel lets go of the lock when its process ends, a killed build's too."""
+    with open(build_dir / "folder.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 

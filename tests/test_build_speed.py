@@ -12,7 +12,7 @@ import pytest
 
 from oracle import Oracle, OracleConfig
 from oracle.build import BuildRecord, _apply_choices, _build_choices, lighten_cuda_sources
-from oracle.pch import PchSpec, header_folder, is_ready, request_header, spec_for
+from oracle.pch import PchSpec, header_folder, is_ready, make_header, request_header, spec_for
 from tasks import Selection, load_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -224,3 +224,54 @@ def test_a_source_the_lite_header_does_not_cover_goes_on_to_torch_types(tmp_path
     # such file"), which reads as a missing declaration: the source as written is tried last.
     assert choices["failed"][0] == "lite" and choices["header"] in ("types", "as written")
     assert record.cuda_header is None or record.cuda_header == "types"
+
+
+BUILDER = """import json, sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from oracle.build import BuildRecord, install_build_hooks
+import torch, torch.utils.cpp_extension as cpp
+record = BuildRecord()
+install_build_hooks(Path(sys.argv[1]), None, record, Path(sys.argv[2]))
+t0 = time.perf_counter()
+m = cpp.load_inline(name="shared_ext", functions=["twice"],
+                    cpp_sources="#include <torch/extension.h>\\ntorch::Tensor twice(torch::Tensor x) {{ return x * 2; }}")
+assert torch.equal(m.twice(torch.ones(3)), torch.full((3,), 2.0))
+print(json.dumps({{"compiled": record.compiled, "pch_used": record.pch_used, "s": time.perf_counter() - t0}}))
+"""
+
+
+@pytest.mark.slow
+def test_an_extension_two_candidates_build_at_once_is_not_compiled_again_when_imported(tmp_path):
+    """Two candidates sharing an extension, built at once, one before the precompiled header was ready and
+    one after: the folder keeps the choices its library was built with, so a later import (a check's
+    worker) loads it as it is instead of compiling it again inside a device slot."""
+    import subprocess
+    import sys
+
+    header = tmp_path / "pch"
+    assert make_header(header, spec_for(["-O3"], None, with_cuda=False))
+    builder = tmp_path / "builder.py"
+    builder.write_text(BUILDER.format(root=str(ROOT)))
+    cache = tmp_path / "cache"
+
+    def start(pch: Path) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(builder), str(cache), str(pch)], stdout=subprocess.PIPE, text=True)
+
+    first = start(tmp_path / "no-header-yet")
+    deadline = time.monotonic() + 120
+    while not list(cache.glob("ext/*/choices.json")) and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.1)
+    second = start(header)  # starts while the first compiles
+    outs = [json.loads(p.communicate(timeout=600)[0].strip().splitlines()[-1]) for p in (first, second)]
+    folder = next((cache / "ext").iterdir())
+    choices = json.loads((folder / "choices.json").read_text())
+    ninja = (folder / "build.ninja").read_text()
+    assert outs[0]["compiled"] and not outs[0]["pch_used"]
+    assert not outs[1]["compiled"] and not outs[1]["pch_used"]  # it loaded the first one's library
+    assert ("pch" in choices) == (str(header) in ninja), (choices, ninja)
+    library = next(folder.glob("*.so"))
+    stamp = library.stat().st_mtime
+    third = start(header)  # a check's worker, importing it later
+    out = json.loads(third.communicate(timeout=600)[0].strip().splitlines()[-1])
+    assert not out["compiled"] and library.stat().st_mtime == stamp, out
