@@ -33,6 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
+from search.store import OracleDevice  # noqa: E402
+
 DATA = [ROOT.parent / ".shared" / "kernelbench" / "kernelbench_levels1-3.jsonl",
         ROOT.parent.parent / "shared" / "kernelbench" / "kernelbench_levels1-3.jsonl"]
 
@@ -229,6 +231,7 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
                "first_verdict_at_s": min((v["at_s"] for v in verdicts), default=None)}
     return {"candidates": len(judged), "wall_s": wall, "per_min": 60 * len(judged) / wall if judged and wall > 0 else 0.0,
             "startup": startup, "on_device": on_device(judged, started),
+            "oracles_device": [OracleDevice.from_json(d).to_json() for d in config.get("oracles_device") or []],
             "device_s_p50": pct(device_s, 0.5), "device_s_p95": pct(device_s, 0.95),
             "phases_p50": {k: pct(v, 0.5) for k, v in phases.items()}, "phases_sum": {k: sum(v) for k, v in phases.items()},
             "queued_p50": {k: pct(v, 0.5) for k, v in queued.items()}, "queued_p90": {k: pct(v, 0.9) for k, v in queued.items()},
@@ -346,6 +349,10 @@ def main() -> None:
         d = o["on_device"]
         print(f"candidates in their checks or timing at once: mean {d['mean']}, most {d['most']}, at most one "
               f"{d['share_at_most_one']} of the {d['span_s']} s from the first check to the last verdict")
+        for od in o.get("oracles_device") or []:  # the oracle's own account, at its last record
+            print(f"oracle device: up {od['alive_s']:.0f} s, busy {od['busy_s']:.0f} s, alone {od['exclusive_s']:.0f} s: "
+                  + ", ".join(f"{k} {v:.0f} s ({od['exclusive_times'].get(k, 0)}x)" for k, v in od["exclusive_by"].items())
+                  + f"; slot phases {od['phases_s']}")
     if args.peer and report["peer"].get("candidates"):
         p = report["peer"]
         print(f"peer: {p['candidates']} candidates in {p['wall_s']:.0f} s = {p['per_min']:.2f} a minute "

@@ -91,7 +91,7 @@ class OracleActor:
         quiet = self._quiet(asyncio.get_running_loop())
 
         def alone() -> dict[str, Any]:
-            with self.oracle.alone(), quiet():
+            with self.oracle.alone(label="profile"), quiet():
                 return profile_task(task, self.oracle.config.device, self.oracle.threads, self.oracle.config.init_seed)
 
         async with self.device_slots:
@@ -164,6 +164,7 @@ class OracleActor:
         lock = self.oracle.quiet.lock
         return {**self.busy, "device_busy_s": lock.busy_now(), "device_exclusive_s": lock.exclusive_s,
                 "device_phases_s": dict(self.oracle.device_s),
+                "device_exclusive_by": {k: [round(v[0], 3), int(v[1])] for k, v in lock.exclusive_by.items()},
                 "device_slots": self.oracle.config.device_slots, "build_s": self.build_s,
                 "alive_s": time.time() - self.started, "ready_at": self.started, "init_s": self.init_s,
                 "pid": os.getpid()}

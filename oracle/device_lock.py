@@ -33,6 +33,7 @@ class DeviceLock:
         self._active_since: float | None = None
         self.busy_s = 0.0  # seconds during which anything held the device (shared or exclusive)
         self.exclusive_s = 0.0  # of which timing alone
+        self.exclusive_by: dict[str, list[float]] = {}  # what held it alone -> [seconds, times]
         self.machine_wait_s = 0.0  # seconds timers waited for other processes (the machine lock)
 
     def _enter(self) -> None:
@@ -72,7 +73,8 @@ class DeviceLock:
                 self._cond.notify_all()
 
     @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def exclusive(self, label: str = "timing") -> Iterator[None]:
+        """`label`: what holds the device alone (a candidate's timing, a baseline), for `exclusive_by`."""
         with self._cond:
             self._waiting += 1
             while self._exclusive or self._shared:
@@ -88,7 +90,11 @@ class DeviceLock:
                 try:
                     yield
                 finally:
-                    self.exclusive_s += time.perf_counter() - started
+                    held = time.perf_counter() - started
+                    self.exclusive_s += held
+                    spent = self.exclusive_by.setdefault(label, [0.0, 0])
+                    spent[0] += held
+                    spent[1] += 1
                     self._leave()
         finally:
             with self._cond:

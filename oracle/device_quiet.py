@@ -43,10 +43,11 @@ class QuietDevice:
         self._guard = threading.Lock()
 
     @contextlib.contextmanager
-    def alone(self, own: Worker | None = None) -> Iterator[None]:
+    def alone(self, own: Worker | None = None, label: str = "timing") -> Iterator[None]:
         """The device to this thread alone: no check runs, every other registered process is stopped, and
-        `own` (the process that times) runs on the timing cores while it lasts."""
-        with self.lock.exclusive(), self._placed_for_timing(own):
+        `own` (the process that times) runs on the timing cores while it lasts. `label`: what it is for
+        (`DeviceLock.exclusive_by`)."""
+        with self.lock.exclusive(label), self._placed_for_timing(own):
             with self._guard:
                 others = [w.process.pid for w in self._workers if w is not own]
                 if self.stop_compilers:

@@ -197,8 +197,8 @@ class Oracle:
                                       self.quiet.running)
         step("references and standby")
 
-    def alone(self, own: Worker | None = None):
-        return self.quiet.alone(own)
+    def alone(self, own: Worker | None = None, label: str = "timing"):
+        return self.quiet.alone(own, label)
 
     def close(self) -> None:
         self.standby.close()
@@ -428,7 +428,7 @@ class _CandidateRun:
             if self.failed is not None:  # wrong under the run's policy, right under another: not timed
                 return self._verdict("incorrect", self.failed, verify_s=verify_s, passes=self._passes())
             t1 = time.perf_counter()
-            with oracle.quiet.running(self.worker), oracle.quiet.alone(self.worker), quiet():
+            with oracle.quiet.running(self.worker), oracle.quiet.alone(self.worker, "candidate timing"), quiet():
                 self.spent.waited(t1)
                 self.segments = None  # the device is held alone until the result
                 self.worker.send(cmd="time")

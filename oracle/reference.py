@@ -299,7 +299,7 @@ class References:
         if not fresh and cached.get("eager"):
             return cached["eager"], 0.0
         s = self.settings
-        with self._alone(self.process.current), quiet():  # the reference process times: on the timing cores
+        with self._alone(self.process.current, "eager baseline"), quiet():  # the reference process times: on the timing cores
             started = time.perf_counter()  # the device held alone, not the wait for it
             timed = TimeEager(key, s.timing.__dict__, s.time_timeout_s).to_json()
             try:
@@ -337,7 +337,7 @@ class References:
                 try:
                     for message in worker.messages():
                         if "ready" in message:
-                            with self._alone(worker), quiet():
+                            with self._alone(worker, "torch.compile baseline"), quiet():
                                 worker.send(cmd="time")
                                 outcome = run_to_result(worker, close=False)
                             if outcome.result is not None:

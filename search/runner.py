@@ -25,7 +25,7 @@ from search.generators.spec import parse_generator_spec
 from search.cluster import NODE_LABEL, cluster_nodes, join_cluster
 from search.placement import NodeShape, Placement, PlacementError, plan_placement
 from search.pool import OraclePool, PoolSpec, actor_options
-from search.store import RunStore
+from search.store import OracleDevice, RunStore
 from strategies import make_strategy
 from tasks.model import Task
 
@@ -186,10 +186,31 @@ async def run_search(settings: RunSettings, tasks: list[Task], store: RunStore, 
     controller = Controller(settings.plan, engine.strategy, engine.generator, engine.pool, store, on_record,
                             device=settings.device)
     started = asyncio.ensure_future(_record_oracle_start(engine.pool, store))
+    device = asyncio.ensure_future(_record_oracle_device(engine.pool, store))
     try:
         await controller.run(tasks)
     finally:
         started.cancel()
+        device.cancel()
+        with contextlib.suppress(Exception):  # the last figures, the run's end included
+            await asyncio.wait_for(_write_oracle_device(engine.pool, store), timeout=10)
+
+
+DEVICE_RECORD_EVERY_S = 10.0
+
+
+async def _record_oracle_device(pool: OraclePool, store: RunStore, every_s: float | None = None) -> None:
+    """Every few seconds, where each oracle's device time has gone so far (`oracles_device` in config.json):
+    a run cut short still says how long its device was busy, held alone, and by what."""
+    while True:
+        await asyncio.sleep(DEVICE_RECORD_EVERY_S if every_s is None else every_s)
+        with contextlib.suppress(Exception):  # a diagnostic: never the run's failure
+            await _write_oracle_device(pool, store)
+
+
+async def _write_oracle_device(pool: OraclePool, store: RunStore) -> None:
+    stats = await pool.stats()
+    store.update_config(oracles_device=[OracleDevice.of(s).to_json() for s in stats if "alive_s" in s])
 
 
 async def _record_oracle_start(pool: OraclePool, store: RunStore) -> None:

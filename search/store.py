@@ -250,6 +250,43 @@ class CompileBaseline:
         return cls(data["task"], timing, error, _finite(data.get("recorded_at")) or 0.0)
 
 
+@dataclass
+class OracleDevice:
+    """Where one oracle's device time went so far (`oracles_device` in config.json): how long it has been
+    up, busy (anything on the device) and held alone, seconds by what held it alone (a candidate's timing,
+    the eager and `torch.compile` baselines, a profile) and by the phases of the candidates' device slots."""
+
+    node: str | None
+    alive_s: float
+    busy_s: float
+    exclusive_s: float
+    exclusive_by: dict[str, float]
+    exclusive_times: dict[str, int]
+    phases_s: dict[str, float]
+
+    @classmethod
+    def of(cls, stats: dict[str, Any]) -> "OracleDevice":
+        """From an oracle actor's `stats()`."""
+        by = stats.get("device_exclusive_by") or {}
+        return cls(stats.get("node_label"), round(float(stats.get("alive_s", 0.0)), 2),
+                   round(float(stats.get("device_busy_s", 0.0)), 2), round(float(stats.get("device_exclusive_s", 0.0)), 2),
+                   {k: round(float(v[0]), 2) for k, v in by.items()}, {k: int(v[1]) for k, v in by.items()},
+                   {k: round(float(v), 2) for k, v in (stats.get("device_phases_s") or {}).items()})
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "OracleDevice":
+        if not isinstance(data, dict):
+            raise TypeError("not an oracle's device record")
+        numbers = lambda d: {str(k): float(v) for k, v in (d or {}).items()}  # noqa: E731
+        return cls(data.get("node"), float(data.get("alive_s", 0.0)), float(data.get("busy_s", 0.0)),
+                   float(data.get("exclusive_s", 0.0)), numbers(data.get("exclusive_by")),
+                   {str(k): int(v) for k, v in (data.get("exclusive_times") or {}).items()},
+                   numbers(data.get("phases_s")))
+
+
 def with_baseline(record: SampleRecord, baseline: CompileBaseline | None) -> SampleRecord:
     """The record with its task's compile baseline, if it is a correct one recorded before it (else itself)."""
     verdict = record.verdict
@@ -383,7 +420,10 @@ class RunStore:
     def update_config(self, **fields: Any) -> None:
         config = self.config()
         config.update(fields)
-        (self.root / "config.json").write_text(json.dumps(config, indent=1))
+        path = self.root / "config.json"
+        tmp = path.with_suffix(".json.tmp")  # whole or not at all: it is rewritten while the run goes on
+        tmp.write_text(json.dumps(config, indent=1))
+        tmp.replace(path)
 
     @staticmethod
     def _drop_torn_tail(path: Path) -> None:

@@ -333,3 +333,16 @@ def test_memory_budget_lets_a_worker_start_only_when_its_estimate_fits():
     lone = MemoryBudget(10)
     with lone.reserve(500):  # larger than the budget, but alone: it starts
         assert lone.used == 10
+
+
+def test_the_time_held_alone_is_counted_by_what_held_it():
+    lock = DeviceLock()
+    for label in ("candidate timing", "candidate timing", "eager baseline"):
+        with lock.exclusive(label):
+            time.sleep(0.02)
+    with lock.shared():
+        time.sleep(0.02)
+    assert {k: n for k, (_, n) in lock.exclusive_by.items()} == {"candidate timing": 2, "eager baseline": 1}
+    assert lock.exclusive_by["candidate timing"][0] >= 0.04 and lock.exclusive_by["eager baseline"][0] >= 0.02
+    assert lock.exclusive_s == sum(s for s, _ in lock.exclusive_by.values())
+    assert lock.busy_s >= lock.exclusive_s + 0.02

@@ -16,7 +16,7 @@ import pytest
 
 from search.generators.base import SampleRequest
 from search.generators.replay import ReplayGenerator
-from search.store import SampleRecord, read_samples
+from search.store import OracleDevice, SampleRecord, read_samples
 
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATES = ROOT / "tests" / "candidates"
@@ -134,6 +134,11 @@ def test_run_replay_end_to_end_with_dedup_and_best(tmp_path, env):
     assert set(config["startup_s"]) == {"tasks", "ray", "engine"} and config["startup_s"]["ray"] > 0
     (oracle,) = config["oracles_started"]
     assert oracle["ready_at"] > config["started_at"] - 120 and {"oracle", "gpu query", "device memory"} <= set(oracle["init_s"])
+    # and, recorded at the run's end, where the oracle's device time went: what held it alone, how often
+    (device,) = [OracleDevice.from_json(d) for d in config["oracles_device"]]
+    assert device.exclusive_times["candidate timing"] >= 2 and device.exclusive_times["eager baseline"] >= 1
+    assert 0 < device.exclusive_s <= device.busy_s <= device.alive_s and device.phases_s["timing"] > 0
+    assert device.exclusive_s == pytest.approx(sum(device.exclusive_by.values()), abs=0.05)
     best = json.loads((out / "best" / "builtin__1_LeakyReLU_Scale.json").read_text())
     assert best["status"] == "correct" and best["retimed"]
     assert "ModelNew" in (out / "best" / "builtin__1_LeakyReLU_Scale.py").read_text()
