@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from oracle.candidate import Candidate
+from oracle.device_slots import DeviceSlots
 from oracle.evaluate import Oracle, OracleConfig, not_measured
 from oracle.verdict import Verdict
 from tasks.model import Task
@@ -36,8 +37,9 @@ class OracleActor:
         if gate is not None:  # restarted after dying mid-timing: drop the pause the dead one held
             gate.forget.remote(self.holder)
         self.build_slots = asyncio.Semaphore(build_slots)
-        # candidates on the device at once: their checks overlap, their timing does not (oracle.device_lock)
-        self.device_slots = asyncio.Semaphore(config.device_slots)
+        # candidates on the device at once: their checks overlap, their timing does not (oracle.device_lock);
+        # re-timings wait while candidates do (oracle.device_slots)
+        self.device_slots = DeviceSlots(config.device_slots)
         self.busy = {"building": 0, "timing": 0, "queued": 0}
         self._preparing: dict[str, asyncio.Future] = {}  # per task code: its reference made beside the first build
         # threads of their own: waiting for the reference process or the device, they would otherwise take
@@ -94,7 +96,7 @@ class OracleActor:
             with self.oracle.alone(label="profile"), quiet():
                 return profile_task(task, self.oracle.config.device, self.oracle.threads, self.oracle.config.init_seed)
 
-        async with self.device_slots:
+        async with self.device_slots.held():
             self.busy["timing"] += 1
             try:
                 return await asyncio.to_thread(alone)
@@ -108,7 +110,7 @@ class OracleActor:
         and with the seconds it waited for its slots (`Verdict.queued_s`)."""
         quiet = self._quiet(asyncio.get_running_loop())
         asked = time.perf_counter()
-        async with self.device_slots:
+        async with self.device_slots.held(first_verdict=not fresh_baseline):
             waited = round(time.perf_counter() - asked, 4)
             self.busy["timing"] += 1
             try:
@@ -164,6 +166,7 @@ class OracleActor:
         lock = self.oracle.quiet.lock
         return {**self.busy, "device_busy_s": lock.busy_now(), "device_exclusive_s": lock.exclusive_s,
                 "device_phases_s": dict(self.oracle.device_s),
+                "reference_peak_mb": self.oracle.references.peak_mb, "device_waiting": self.device_slots.waiting,
                 "device_exclusive_by": {k: [round(v[0], 3), int(v[1])] for k, v in lock.exclusive_by.items()},
                 "device_slots": self.oracle.config.device_slots, "build_s": self.build_s,
                 "alive_s": time.time() - self.started, "ready_at": self.started, "init_s": self.init_s,

@@ -461,6 +461,9 @@ class _CandidateRun:
         flags = ["constant_reference"] if self.reference.prepared.constant else []  # e.g. a ReLU after a shift
         fields = judge.score(timing, self.reference.eager, self.reference.prepared.floor, flags, checked.kernel_ms)
         fields.setdefault("timing", {})["worker_phases"] = {k: round(v, 4) for k, v in self.worker.phases.items()}
+        if result["timing"].get("peak_mb") is not None:  # held at most, against what `MemoryBudget` promised it
+            fields["timing"]["worker_memory_mb"] = {"peak": result["timing"]["peak_mb"],
+                                                    "promised": round(self._memory_estimate() / 2**20)}
         passes = self._passes() if fields["status"] == "correct" else []
         return self._verdict(**fields, verify_s=verify_s, time_s=time_s, passes=passes)
 

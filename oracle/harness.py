@@ -560,4 +560,6 @@ def _run_candidate(conn: Connection, job: CandidateJob, warming: threading.Threa
         bad = _share_kept(keeper.timed.kept, "timed", share) or _share_kept(keeper.block.kept, "block", share)
         if bad:
             return WorkerResult("rejected", bad)
-    return WorkerResult("timed", timing=result.to_json())
+    # what this worker held at most, to set beside what the oracle promised it (`oracle.evaluate`)
+    peak = {"peak_mb": round(torch.cuda.max_memory_reserved() / 2**20)} if device == "cuda" else {}
+    return WorkerResult("timed", timing={**result.to_json(), **peak})

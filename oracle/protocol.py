@@ -227,3 +227,4 @@ class Compared(Record):
     seconds: float = 0.0
     passes: list[str] = field(default_factory=list)  # the policies these outputs pass
     errors: dict[str, Any] | None = None  # ErrorFigures.to_json()
+    peak_mb: float | None = None  # the reference process's most device memory reserved so far (a GPU only)

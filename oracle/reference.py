@@ -189,6 +189,7 @@ class References:
         self._register = register  # a trusted worker that must be stopped while another times
         self._reserve = reserve  # device memory promised to a worker
         self._known: dict[str, Reference] = {}
+        self.peak_mb = 0.0  # the most device memory the reference process was seen to reserve (its replies say)
         self._resident = ResidentBudget(settings.budget_bytes)
         self._compiles = threading.Semaphore(max(1, settings.compile_workers))
         self._locks: dict[str, threading.Lock] = {}
@@ -380,8 +381,10 @@ class References:
     def compare(self, session: int, kind: str, index: int, tensors: list, share_dir: str | None,
                 policy: str = "kernelbench") -> Compared:
         """The outputs against the reference under every policy; `ok` and the message are `policy`'s."""
-        reply = self.process.request("compare", Compare(session, kind, index, tensors, share_dir, policy).to_json())
-        return Compared.from_json(reply)
+        reply = Compared.from_json(self.process.request("compare", Compare(session, kind, index, tensors, share_dir, policy).to_json()))
+        if reply.peak_mb is not None:
+            self.peak_mb = max(self.peak_mb, reply.peak_mb)
+        return reply
 
     def close_session(self, session: int) -> None:
         with contextlib.suppress(ReferenceError):

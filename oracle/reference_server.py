@@ -211,8 +211,9 @@ class ReferenceState:
         figures = judged.figures
         if figures is not None and ref.prepared.float64:
             figures.float64 = ref.prepared.float64
+        peak = round(torch.cuda.max_memory_reserved() / 2**20) if self.device == "cuda" else None
         return Compared(judged.problem is None, judged.problem or "", seconds=time.perf_counter() - started,
-                        passes=judged.passes, errors=figures.to_json() if figures is not None else None)
+                        passes=judged.passes, errors=figures.to_json() if figures is not None else None, peak_mb=peak)
 
 
 def _judged(outs: list[torch.Tensor | None], expected: list[torch.Tensor | None], where: str, policy: str,

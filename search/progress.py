@@ -211,8 +211,9 @@ class RunProgress:
         slots = sum(int(p.get("device_slots", 1)) for p in alive)
         building = sum(int(p.get("building", 0)) for p in alive)
         queued = sum(int(p.get("queued", 0)) for p in alive)
-        text = (f"oracles {len(self.pool)}: on the device {on_device}/{slots}, building {building}, "
-                f"builds queued {queued}")
+        waiting = sum(int(p.get("device_waiting", 0)) for p in alive)  # built, waiting for a device slot
+        text = (f"oracles {len(self.pool)}: on the device {on_device}/{slots}"
+                + (f" ({waiting} waiting)" if waiting else "") + f", building {building}, builds queued {queued}")
         text += (f", {dead} restarting" if dead else "") + (f", {lost} lost with their node" if lost else "")
         # Where the device's time went so far (seconds by phase, all oracles): the check, the timing, and
         # each task's first reference and eager baseline.

@@ -263,6 +263,7 @@ class OracleDevice:
     exclusive_by: dict[str, float]
     exclusive_times: dict[str, int]
     phases_s: dict[str, float]
+    reference_peak_mb: float = 0.0  # the most device memory its reference process reserved (a GPU only)
 
     @classmethod
     def of(cls, stats: dict[str, Any]) -> "OracleDevice":
@@ -271,7 +272,8 @@ class OracleDevice:
         return cls(stats.get("node_label"), round(float(stats.get("alive_s", 0.0)), 2),
                    round(float(stats.get("device_busy_s", 0.0)), 2), round(float(stats.get("device_exclusive_s", 0.0)), 2),
                    {k: round(float(v[0]), 2) for k, v in by.items()}, {k: int(v[1]) for k, v in by.items()},
-                   {k: round(float(v), 2) for k, v in (stats.get("device_phases_s") or {}).items()})
+                   {k: round(float(v), 2) for k, v in (stats.get("device_phases_s") or {}).items()},
+                   float(stats.get("reference_peak_mb") or 0.0))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -284,7 +286,7 @@ class OracleDevice:
         return cls(data.get("node"), float(data.get("alive_s", 0.0)), float(data.get("busy_s", 0.0)),
                    float(data.get("exclusive_s", 0.0)), numbers(data.get("exclusive_by")),
                    {str(k): int(v) for k, v in (data.get("exclusive_times") or {}).items()},
-                   numbers(data.get("phases_s")))
+                   numbers(data.get("phases_s")), float(data.get("reference_peak_mb") or 0.0))
 
 
 def with_baseline(record: SampleRecord, baseline: CompileBaseline | None) -> SampleRecord:

@@ -47,8 +47,8 @@ class Recording(DeviceLock):
 
         return _Ctx()
 
-    def exclusive(self):
-        parent = super().exclusive()
+    def exclusive(self, label: str = "timing"):
+        parent = super().exclusive(label)
 
         class _Ctx:
             def __enter__(ctx):

@@ -189,6 +189,8 @@ def test_the_pool_line_says_where_the_device_time_went():
                      {"timing": 0, "device_slots": 4, "device_phases_s": {"checks": 2.0, "baselines": 1.6}}]
     assert progress.pool_text() == ("oracles 2: on the device 1/8, building 0, builds queued 0; "
                                     "device s: checks 14, timing 3, baselines 2")
+    progress.pool[0]["device_waiting"] = 3  # built, waiting for a device slot
+    assert progress.pool_text().startswith("oracles 2: on the device 1/8 (3 waiting), building 0,")
 
 
 def test_a_sample_recorded_again_with_its_compile_baseline_replaces_its_first_record():
