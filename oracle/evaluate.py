@@ -29,7 +29,7 @@ from oracle import gpu_lock, judge
 from oracle.build import BuildOutcome, CandidateBuilds, build_key, cache_root, last_line
 from oracle.candidate import Candidate
 from oracle.cores import plan_cores
-from oracle.device_quiet import MemoryBudget, QuietDevice
+from oracle.device_quiet import MeasuredPeaks, MemoryBudget, QuietDevice
 from oracle.extract import candidate_from_completion
 from oracle.pch import default_root
 from oracle.protocol import CandidateJob, Checked, ErrorFigures, OutputsReady
@@ -75,8 +75,10 @@ class OracleConfig:
     check_slots: int | None = None  # candidates checked at once on the device (default: 4 on a GPU, 1 on a CPU)
     # workers started ahead of their candidates (oracle.standby; default: one per device slot; 0: none)
     standby_workers: int | None = None
-    reference_memory: float = 0.15  # share of the device's memory the kept reference outputs may use
-    candidate_memory: float = 0.45  # share the candidates' workers may be promised at once
+    # share of the device's memory the kept reference outputs may use: on an H200 (140 GiB), one level-1
+    # elementwise task at the default fit (22.5 GiB kept) with the reductions and GEMM epilogues beside it
+    reference_memory: float = 0.2
+    candidate_memory: float = 0.4  # share the candidates' workers may be promised at once
     # share the torch.compile workers may be promised at once: apart, so that baselines made in the
     # background never keep a candidate's checks waiting for memory
     compile_memory: float = 0.2
@@ -180,6 +182,7 @@ class Oracle:
             self.builds.request_default_header(with_cuda=True)
         step("builds and header")
         self.memory = MemoryBudget(int(c.candidate_memory * _device_memory(c.device)))
+        self.worker_peaks = MeasuredPeaks()  # per task (its reference key): the most a worker was measured to hold
         compile_memory = MemoryBudget(int(c.compile_memory * _device_memory(c.device)))
         step("device memory")
         settings = ReferenceSettings(
@@ -349,6 +352,7 @@ class _CandidateRun:
         self.spent = _Spent({})
         self.segments: _Segments | None = None
         self.block: int | None = None  # calls in the block this process clocks, once the worker's timing ended
+        self.promised = 0  # device bytes the worker was promised (`MemoryBudget`)
 
     def _block_size(self, measured: Any) -> int:
         """Calls in the clocked block: enough for about 20 ms at the faster of eager and the candidate's own
@@ -389,7 +393,8 @@ class _CandidateRun:
         self.spent = _Spent(device_s)
         t0 = time.perf_counter()
         try:
-            with oracle.memory.reserve(self._memory_estimate()):
+            self.promised = self._memory_estimate()
+            with oracle.memory.reserve(self.promised):
                 self.spent.waited(t0)
                 return self._checked_and_timed(job, env, device_s, t0, quiet)
         except ReferenceError as exc:
@@ -398,9 +403,13 @@ class _CandidateRun:
 
     def _memory_estimate(self) -> int:
         """Device bytes a worker may hold at once: inputs, their snapshot and outputs while checked; while
-        timed, every timing input set, the outputs it keeps to catch reuse, and the sampled ones."""
+        timed, every timing input set, the outputs it keeps to catch reuse (one more than the sets), the
+        sampled ones (one a set for the timed calls, one for the clocked block) and the call's own. Where
+        a worker of the task was measured to hold more (its kernel's own buffers, the allocator's rounding),
+        that."""
         p, sets = self.reference.prepared, len(self.reference.timing_seeds)
-        return max(3 * p.input_bytes + 3 * p.output_bytes, sets * p.input_bytes + (3 * sets + 1) * p.output_bytes)
+        formula = max(3 * p.input_bytes + 3 * p.output_bytes, sets * p.input_bytes + (3 * sets + 3) * p.output_bytes)
+        return self.oracle.worker_peaks.promise(self.reference.key, formula)
 
     def _checked_and_timed(self, job: CandidateJob, env, device_s: dict[str, float], t0: float,
                            quiet: Callable[[], ContextManager]) -> Verdict:
@@ -463,7 +472,8 @@ class _CandidateRun:
         fields.setdefault("timing", {})["worker_phases"] = {k: round(v, 4) for k, v in self.worker.phases.items()}
         if result["timing"].get("peak_mb") is not None:  # held at most, against what `MemoryBudget` promised it
             fields["timing"]["worker_memory_mb"] = {"peak": result["timing"]["peak_mb"],
-                                                    "promised": round(self._memory_estimate() / 2**20)}
+                                                    "promised": round(self.promised / 2**20)}
+            self.oracle.worker_peaks.measured(self.reference.key, int(result["timing"]["peak_mb"]) * 2**20)
         passes = self._passes() if fields["status"] == "correct" else []
         return self._verdict(**fields, verify_s=verify_s, time_s=time_s, passes=passes)
 

@@ -529,7 +529,9 @@ def _run_candidate(conn: Connection, job: CandidateJob, warming: threading.Threa
         send(conn, phase="profile", deadline_s=job.call_timeout_s * 3)
         warming.join()
         ops, kernels, kernel_ms = _profile_call_timed(models[case0.code], inputs0, device)
-        del inputs0, live, first_outputs
+        # the checks' last inputs and outputs go before the timing sets are made (3 GB each at a level-1
+        # task's default size; held, they raised the worker's peak beyond what the oracle promised it)
+        del inputs0, live, previous, first_outputs, inputs, in_tensors, out, outputs
 
         send(conn, checked=Checked(own_calls=own_calls, ops=ops, kernels=kernels, extensions=record.extensions,
                                    compiled_now=record.compiled, kernel_ms=kernel_ms))

@@ -157,6 +157,7 @@ class PrepareTask(Record):
     init_seed: int
     call_timeout_s: float
     float64_max_bytes: int = 256 * 1024**2  # larger outputs get no float64 reference (the memory it keeps)
+    expected_bytes: int = 0  # what it will keep, as the client guesses it: idle tasks make room first
 
 
 @dataclass
@@ -170,6 +171,7 @@ class Prepared(Record):
     reference_s: float  # seconds spent computing it (0 when it was kept from before)
     error: str | None = None
     float64: str | None = None  # why the float64 reference could not be made (None: it was, or not needed)
+    kept_bytes: int = 0  # device memory the kept outputs (and float64 corrections) take
 
 
 @dataclass

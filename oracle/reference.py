@@ -204,14 +204,21 @@ class References:
         """Hold the task in the reference process while a candidate of it is judged (see ResidentBudget);
         enter before `get`. Its size is what its last preparation reported, else a guess from its inputs."""
         key = self.key(task)
+        return self._resident.pinned(key, self._kept_bytes(task, key))
+
+    def _kept_bytes(self, task: Task, key: str) -> int:
+        """What the task keeps in the reference process: as its last preparation reported it, else a guess."""
         known = self._known.get(key)
+        if known is not None and known.prepared.kept_bytes:
+            return known.prepared.kept_bytes
         sets = len(_cases(self.settings, len(known.codes) if known else 2)) + len(self.timing_seeds(task))
         if known is not None:
             p = known.prepared
-            nbytes = sets * p.output_bytes * (1 if p.float64 else 2)  # ref64 - ref kept beside each output
-        else:
-            nbytes = int(sets * task.input_mb * 1024**2)  # outputs about the size of the inputs
-        return self._resident.pinned(key, nbytes)
+            return sets * p.output_bytes * (1 if p.float64 else 2)  # ref64 - ref kept beside each output
+        if task.output_mb:  # measured on the meta device when the task was loaded
+            doubled = 2 if task.output_mb * 1024**2 <= self.settings.float64_max_bytes else 1  # ref64 - ref
+            return int(sets * task.output_mb * 1024**2 * doubled)
+        return int(sets * task.input_mb * 1024**2)  # outputs about the size of the inputs
 
     def timing_seeds(self, task: Task) -> list[int]:
         """The rotating timing input sets. Rotation keeps a small task's inputs out of the L2 cache between
@@ -291,7 +298,8 @@ class References:
         s = self.settings
         return PrepareTask(key=key, task_id=task.id, codes=codes, cases=[c.to_json() for c in cases],
                            timing_seeds=self.timing_seeds(task), init_seed=s.init_seed,
-                           call_timeout_s=s.call_timeout_s * 5, float64_max_bytes=s.float64_max_bytes)
+                           call_timeout_s=s.call_timeout_s * 5, float64_max_bytes=s.float64_max_bytes,
+                           expected_bytes=self._kept_bytes(task, key))
 
     def _eager(self, task: Task, request: PrepareTask, quiet: Callable[[], ContextManager],
                fresh: bool = False) -> tuple[dict | None, float]:

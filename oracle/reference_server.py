@@ -85,6 +85,7 @@ class ReferenceState:
             return Prepared(**{**self.tasks[request.key].prepared.to_json(), "reference_s": 0.0})
         started = time.perf_counter()
         device = self.device
+        self._evict(room_for=request.expected_bytes)  # before, not after: the idle tasks and the new one never both
         modules = [exec_task_code(code, request.task_id) for code in request.codes]
         models = [_reference_model(m, request.init_seed, device) for m in modules]
         cases = [Case.from_json(c) for c in request.cases]
@@ -128,18 +129,24 @@ class ReferenceState:
         ref = TaskReference(request, modules, models, outputs, timing_outputs, prepared, smaller=smaller, sizes=sizes[0])
         if not isinstance(float64, str):
             ref.corrections, ref.timing_corrections, ref.scales = float64
+        prepared.kept_bytes = ref.nbytes
         self.tasks[request.key] = ref
         self._evict()
         return prepared
 
-    def _evict(self) -> None:
-        """Least recently used out, while over budget; the newest task and tasks in use stay."""
-        while sum(t.nbytes for t in self.tasks.values()) > self.budget_bytes:
-            idle = [k for k, t in list(self.tasks.items())[:-1] if t.sessions == 0]
+    def _evict(self, room_for: int = 0) -> None:
+        """Least recently used out, while over budget with `room_for` bytes more; tasks in use stay, and so
+        does the newest one unless room is asked for a task to come. What was dropped goes back to the device
+        (the caching allocator would otherwise keep it from the candidates' processes)."""
+        dropped = False
+        while sum(t.nbytes for t in self.tasks.values()) + room_for > self.budget_bytes:
+            keys = list(self.tasks)
+            idle = [k for k in (keys if room_for else keys[:-1]) if self.tasks[k].sessions == 0]
             if not idle:
-                return
+                break
             del self.tasks[idle[0]]
-        if self.device == "cuda":
+            dropped = True
+        if self.device == "cuda" and (dropped or not room_for):
             torch.cuda.empty_cache()
 
     def time_eager(self, request: TimeEager, conn: Connection) -> dict[str, Any]:
@@ -155,6 +162,9 @@ class ReferenceState:
             rounds = timing.block_rounds(n, eager["median_ms"])  # as many as a candidate's clocked block has
             eager["external_ms"] = min(timing.back_to_back(model, sets, self.device, n, keep)[0] for _ in range(rounds))
             eager["block_calls"] = n
+        if self.device == "cuda" and ref.prepared.input_bytes + ref.prepared.output_bytes > 256 * 1024**2:
+            del sets
+            torch.cuda.empty_cache()  # the timing's input sets: leave the memory to the candidates
         return eager
 
     # ------------------------------------------------------------ candidates

@@ -138,6 +138,7 @@ class FitResult:
     input_bytes: int
     original_input_bytes: int
     meta_error: str | None  # the model did not build (or, if fitting shrank it, run) on the meta device
+    output_bytes: int = 0  # of one forward's outputs at the fitted size (0: unknown, it did not run on meta)
 
 
 def _probe_code(code: str, origin: str, forward: bool = True) -> ShapeProbe:
@@ -186,6 +187,7 @@ def fit(code: str, budget_mb: float | None, origin: str = "<task>") -> FitResult
         input_bytes=current.input_bytes,
         original_input_bytes=first.input_bytes,
         meta_error=current.meta_error,
+        output_bytes=current.output_bytes,
     )
 
 

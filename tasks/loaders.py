@@ -163,6 +163,7 @@ def build_task(raw: RawTask, max_input_mb: float | None) -> Task:
         original_sizes=result.original_sizes,
         input_mb=result.input_bytes / MIB,
         original_input_mb=result.original_input_bytes / MIB,
+        output_mb=result.output_bytes / MIB,
     )
 
 

@@ -23,6 +23,7 @@ class Task:
     original_sizes: dict[str, Any] = field(default_factory=dict)  # the constants that fitting changed, as written
     input_mb: float = 0.0  # bytes of get_inputs() at the fitted size, in MiB
     original_input_mb: float = 0.0
+    output_mb: float = 0.0  # bytes of one forward's outputs at the fitted size, in MiB (0: not known)
 
     @property
     def fitted(self) -> bool:

@@ -85,6 +85,7 @@ class ShapeProbe:
 
     input_bytes: int
     meta_error: str | None  # None: Model built and ran on `meta`; otherwise check it for real
+    output_bytes: int = 0  # of one forward's outputs, from the meta run (0: it did not run there)
 
 
 def probe(module: TaskModule, forward: bool = True) -> ShapeProbe:
@@ -115,12 +116,11 @@ def _probe(module: TaskModule, forward: bool) -> ShapeProbe:
     try:
         with torch.device("meta"), torch.no_grad():
             model = module.make_model()
-            if forward and not _has_recurrent_layers(model):
-                model(*inputs)
+            outputs = model(*inputs) if forward and not _has_recurrent_layers(model) else None
         error = None
     except Exception as exc:  # noqa: BLE001
-        error = one_line(exc)
-    return ShapeProbe(nbytes(inputs), error)
+        error, outputs = one_line(exc), None
+    return ShapeProbe(nbytes(inputs), error, nbytes(outputs) if outputs is not None and error is None else 0)
 
 
 def check_runs(module: TaskModule) -> None:

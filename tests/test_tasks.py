@@ -64,6 +64,8 @@ def test_first_ten_of_each_level_fit_and_run_on_cpu(kernelbench_jsonl):
         with torch.no_grad():
             out = module.make_model()(*module.get_inputs())
         assert isinstance(out, torch.Tensor), task.id
+        # the outputs' size, measured on the meta device when the task was loaded, is the real one
+        assert task.output_mb == pytest.approx(out.numel() * out.element_size() / 2**20), task.id
     # A level-1 task several GB big shrinks, and the rewritten sizes are recorded with it.
     big = next(t for t in result.tasks if t.id == "level1/4_Matrix_vector_multiplication_")
     assert big.original_input_mb > 1000 and big.original_sizes == {"K": 1048576}
