@@ -75,10 +75,11 @@ class OracleConfig:
     check_slots: int | None = None  # candidates checked at once on the device (default: 4 on a GPU, 1 on a CPU)
     # workers started ahead of their candidates (oracle.standby; default: one per device slot; 0: none)
     standby_workers: int | None = None
-    # share of the device's memory the kept reference outputs may use: on an H200 (140 GiB), one level-1
-    # elementwise task at the default fit (22.5 GiB kept) with the reductions and GEMM epilogues beside it
-    reference_memory: float = 0.2
-    candidate_memory: float = 0.4  # share the candidates' workers may be promised at once
+    # share of the device's memory the kept reference outputs may use. At 0.2 (with 0.4 for the workers) an
+    # H200 held a level-1 elementwise task (22.5 GiB kept) with small tasks beside it, but two comparisons
+    # ran out of device memory and fell back to the host (35 s each), and fewer candidates were judged.
+    reference_memory: float = 0.15
+    candidate_memory: float = 0.45  # share the candidates' workers may be promised at once
     # share the torch.compile workers may be promised at once: apart, so that baselines made in the
     # background never keep a candidate's checks waiting for memory
     compile_memory: float = 0.2
