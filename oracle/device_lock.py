@@ -92,14 +92,20 @@ class DeviceLock:
                 finally:
                     held = time.perf_counter() - started
                     self.exclusive_s += held
-                    spent = self.exclusive_by.setdefault(label, [0.0, 0])
-                    spent[0] += held
-                    spent[1] += 1
+                    with self._cond:  # `exclusive_by_now` copies it from another thread
+                        spent = self.exclusive_by.setdefault(label, [0.0, 0])
+                        spent[0] += held
+                        spent[1] += 1
                     self._leave()
         finally:
             with self._cond:
                 self._exclusive = False
                 self._cond.notify_all()
+
+    def exclusive_by_now(self) -> dict[str, tuple[float, int]]:
+        """A copy of `exclusive_by`: seconds held alone and times, by what held it."""
+        with self._cond:
+            return {k: (v[0], int(v[1])) for k, v in self.exclusive_by.items()}
 
     def busy_now(self) -> float:
         """busy_s including the current stretch."""

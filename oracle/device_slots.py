@@ -17,7 +17,6 @@ from typing import AsyncIterator
 
 class DeviceSlots:
     def __init__(self, slots: int) -> None:
-        self.slots = slots
         self.free = slots
         self._waiting: dict[int, bool] = {}  # ticket -> first verdict (True) or re-timing (False), in order
         self._tickets = itertools.count()

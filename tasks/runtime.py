@@ -120,7 +120,7 @@ def _probe(module: TaskModule, forward: bool) -> ShapeProbe:
         error = None
     except Exception as exc:  # noqa: BLE001
         error, outputs = one_line(exc), None
-    return ShapeProbe(nbytes(inputs), error, nbytes(outputs) if outputs is not None and error is None else 0)
+    return ShapeProbe(nbytes(inputs), error, nbytes(outputs))
 
 
 def check_runs(module: TaskModule) -> None:
