@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -105,6 +106,7 @@ class BuildRecord:
     pch_used: bool = False  # a C++ half was compiled against a precompiled header
     pch_wanted: list[dict[str, Any]] = field(default_factory=list)  # PchSpec.to_json() of headers to make
     cuda_header: str | None = None  # the header rung CUDA sources built with: lite, types, as written (None: not tried)
+    binding_header: str | None = None  # what main.cpp (the Python binding) built against: lite or full (None: no load_inline)
 
 
 class BuildFailed(Exception):
@@ -172,6 +174,16 @@ inline constexpr auto kU8 = kUInt8, kU16 = kUInt16, kU32 = kUInt32, kU64 = kUInt
 inline constexpr auto kI8 = kInt8, kI16 = kInt16, kI32 = kInt32, kI64 = kInt64;
 inline constexpr auto kF16 = kFloat16, kF32 = kFloat32, kF64 = kFloat64;  // inline: no unused-variable warnings
 }  // namespace torch"""
+# main.cpp, the Python binding load_inline writes, against the same subset plus what binding a function to
+# Python takes: pybind11 with PyTorch's type casters (torch/csrc/utils/pybind.h, where every caster that
+# torch/extension.h brings is declared) and torch::wrap_pybind_function (torch/csrc/Exceptions.h); not the C++
+# frontend of torch/all.h (nn, optim, data, jit). On the 2-core CPU machine g++ -O3 took 12-15 s on a binding
+# file against it, 17.7 s against a precompiled torch/extension.h and 32.9 s against torch/extension.h.
+LITE_BINDING_HEADER = LITE_HEADER + """
+#include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/Exceptions.h>"""
+# What load_inline puts first in main.cpp and before CUDA sources, when its implicit headers are left out.
+IMPLICIT_CUDA_PRELUDE = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>"
 # The rungs tried in turn for CUDA sources, lightest first; after the last, the source as written.
 HEADER_RUNGS = {"lite": LITE_HEADER, "types": LIGHT_HEADER}
 AS_WRITTEN = "as written"  # a folder's choice once every rung failed
@@ -194,12 +206,30 @@ def lighten_cuda_sources(sources: list[str], rung: str = "lite") -> list[str] | 
 LITE_PRELUDE = "#include <cuda.h>\n#include <cuda_runtime.h>"
 
 
+def without_full_header(sources: list[str]) -> list[str]:
+    """C++ sources after a first header that stands for torch/extension.h: their own includes of it dropped.
+    As written, main.cpp starts with torch/extension.h, so any later include of it adds nothing either."""
+    return [s.replace(FULL_HEADER, "") for s in sources]
+
+
+def failed_object(text: str, name: str) -> bool:
+    """Whether a load_inline error says that ninja failed on the object `name` (`main.o`, `cuda.cuda.o`)."""
+    return re.search(rf"^FAILED: (?:\[code=\d+\] )?{re.escape(name)}\b", text, re.M) is not None
+
+
 def takes_no_implicit_headers(load_inline: Any) -> bool:
     """Whether this torch's (unhooked) load_inline can leave out its own torch/types.h, a newer argument:
     without it, the `lite` rung would parse torch/types.h all the same."""
     import inspect
 
     return "no_implicit_headers" in inspect.signature(load_inline).parameters
+
+
+def lite_binding_available() -> bool:
+    """Whether builds here try main.cpp against `LITE_BINDING_HEADER` first (`takes_no_implicit_headers`)."""
+    import torch.utils.cpp_extension as cpp
+
+    return takes_no_implicit_headers(cpp.load_inline)
 
 
 def _next_rung(rung: str | None) -> str | None:
@@ -244,7 +274,8 @@ def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord, 
         call.update(name=unique, build_directory=str(build_dir), verbose=False)
         with _folder_held(build_dir):  # another process building this folder: wait, then load what it built
             before = _newest_library(build_dir)
-            choices = _build_choices(build_dir, call, original is original_inline, pch, record, first_rung)
+            choices = _build_choices(build_dir, call, original is original_inline, pch, record, first_rung,
+                                     lite_binding=first_rung == "lite")
             t0 = time.perf_counter()
             while True:
                 try:
@@ -252,20 +283,30 @@ def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord, 
                     break
                 except Exception as exc:  # noqa: BLE001 - the compiler's message is the useful part
                     text = str(exc)
-                    rung = _rung(choices)
-                    # Past `lite`, any error sends the source to torch/types.h, whose verdicts are the ones a
-                    # build had before the rung existed; past torch/types.h only a missing declaration does.
-                    if rung is None or (rung != "lite" and not any(m in text for m in MISSING_DECLARATION)):
-                        record.error = trim_compiler_output(text)
-                        raise BuildFailed(record.error) from None
-                    # the lighter header was not enough: the next rung, or the source as written
-                    choices.pop("light", None)
-                    choices["failed"] = [*choices.get("failed", []), rung]
-                    choices["header"] = _next_rung(rung) or AS_WRITTEN
+                    # main.cpp failed against the lite binding header: torch/extension.h next, the CUDA
+                    # file's rung kept unless it failed too
+                    binding = choices.get("binding") == "lite" and failed_object(text, "main.o")
+                    if binding:
+                        choices["binding"] = "full"
+                        choices["failed"] = [*choices.get("failed", []), "binding"]
+                        _choose_header(choices, call, pch, record)
+                    if not binding or failed_object(text, "cuda.cuda.o"):
+                        rung = _rung(choices)
+                        # Past `lite`, any error sends the source to torch/types.h, whose verdicts are the ones
+                        # a build had before the rung existed; past torch/types.h only a missing declaration does.
+                        if rung is None or (rung != "lite" and not any(m in text for m in MISSING_DECLARATION)):
+                            record.error = trim_compiler_output(text)
+                            raise BuildFailed(record.error) from None
+                        # the lighter header was not enough: the next rung, or the source as written
+                        choices.pop("light", None)
+                        choices["failed"] = [*choices.get("failed", []), rung]
+                        choices["header"] = _next_rung(rung) or AS_WRITTEN
                     _save_choices(build_dir, choices)
             after = _newest_library(build_dir)
         if record.cuda_header is None and ("header" in choices or "light" in choices):
             record.cuda_header = _rung(choices) or AS_WRITTEN
+        if record.binding_header is None and original is original_inline:
+            record.binding_header = choices.get("binding", "full")
         if after != before:
             record.compiled = True
             record.build_s += time.perf_counter() - t0
@@ -286,9 +327,10 @@ def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord, 
 
 
 def _build_choices(build_dir: Path, call: dict[str, Any], inline: bool, pch: Path | None,
-                   record: BuildRecord, first_rung: str = "lite") -> dict[str, Any]:
+                   record: BuildRecord, first_rung: str = "lite", lite_binding: bool = False) -> dict[str, Any]:
     """How this extension is compiled: decided once, when its folder is first built, and kept in the folder.
-    A later import must pass the same flags and sources, or ninja would rebuild it."""
+    A later import must pass the same flags and sources, or ninja would rebuild it. `lite_binding`: main.cpp
+    is tried against `LITE_BINDING_HEADER` first (this torch's load_inline can leave out its own headers)."""
     saved = build_dir / "choices.json"
     if saved.exists() and _newest_library(build_dir) is not None:
         try:
@@ -296,19 +338,32 @@ def _build_choices(build_dir: Path, call: dict[str, Any], inline: bool, pch: Pat
         except (OSError, ValueError):
             return {}
     choices: dict[str, Any] = {}
+    # a call that leaves out load_inline's own headers has chosen its headers itself
+    inline = inline and not call.get("no_implicit_headers")
     cuda_sources = _as_list(call.get("cuda_sources")) if inline else []
     if cuda_sources and lighten_cuda_sources(cuda_sources) is not None:
         choices["header"] = first_rung
-    if pch is not None and inline:
-        from oracle.pch import header_folder, is_ready, spec_for
-
-        spec = spec_for(call.get("extra_cflags"), call.get("extra_include_paths"), with_cuda=bool(cuda_sources))
-        if spec is not None and is_ready(pch, spec):
-            choices["pch"] = str(header_folder(pch, spec))
-        elif spec is not None:
-            record.pch_wanted.append(spec.to_json())
+    if inline and lite_binding:
+        choices["binding"] = "lite"  # no torch/extension.h to precompile: the binding parses little
+    elif inline:
+        _choose_header(choices, call, pch, record)
     _save_choices(build_dir, choices)
     return choices
+
+
+def _choose_header(choices: dict[str, Any], call: dict[str, Any], pch: Path | None, record: BuildRecord) -> None:
+    """main.cpp against torch/extension.h: its precompiled header when one is ready for the call's flags,
+    else asked for (`record.pch_wanted`), for the builds after this one."""
+    if pch is None:
+        return
+    from oracle.pch import header_folder, is_ready, spec_for
+
+    spec = spec_for(call.get("extra_cflags"), call.get("extra_include_paths"),
+                    with_cuda=bool(_as_list(call.get("cuda_sources"))))
+    if spec is not None and is_ready(pch, spec):
+        choices["pch"] = str(header_folder(pch, spec))
+    elif spec is not None:
+        record.pch_wanted.append(spec.to_json())
 
 
 def _save_choices(build_dir: Path, choices: dict[str, Any]) -> None:
@@ -345,20 +400,30 @@ def _rung(choices: dict[str, Any]) -> str | None:
 
 def _apply_choices(call: dict[str, Any], choices: dict[str, Any]) -> dict[str, Any]:
     out = dict(call)
-    if choices.get("pch"):
+    lite_binding = choices.get("binding") == "lite"
+    if choices.get("pch") and not lite_binding:
         # -I folders are searched before PyTorch's -isystem ones, so gcc meets the .gch first
         out["extra_cflags"] = [*_as_list(call.get("extra_cflags")), f"-I{choices['pch']}"]
     rung = _rung(choices)
+    cuda_sources = _as_list(call.get("cuda_sources"))
     if rung is not None:
-        out["cuda_sources"] = lighten_cuda_sources(_as_list(call.get("cuda_sources")), rung)
-    if rung == "lite":  # load_inline would put torch/types.h first: its own first lines, without it
-        out["no_implicit_headers"] = True  # which also leaves out main.cpp's first line: put back, first
-        out["cuda_sources"] = [LITE_PRELUDE, *out["cuda_sources"]]
-        out["cpp_sources"] = [FULL_HEADER, *_as_list(call.get("cpp_sources"))]
+        cuda_sources = out["cuda_sources"] = lighten_cuda_sources(cuda_sources, rung)
+    if rung == "lite" or lite_binding:
+        # load_inline's own first lines left out (torch/types.h before CUDA sources, torch/extension.h
+        # first in main.cpp, the only place where its precompiled header is used) and put back as chosen
+        out["no_implicit_headers"] = True
+        if cuda_sources:
+            out["cuda_sources"] = [LITE_PRELUDE if rung == "lite" else IMPLICIT_CUDA_PRELUDE, *cuda_sources]
+        cpp_sources = _as_list(call.get("cpp_sources"))
+        out["cpp_sources"] = ([LITE_BINDING_HEADER, *without_full_header(cpp_sources)] if lite_binding
+                              else [FULL_HEADER, *cpp_sources])
     # A rung after a failed one gets its own name, so that PyTorch does not rename it to `_v1` in this
     # process only; the first one tried (and a folder from before the ladder) keeps the plain name.
-    if choices.get("failed"):
-        out["name"] = f"{call['name']}_{'asis' if rung is None else rung}"
+    failed = choices.get("failed") or []
+    parts = ["asis" if rung is None else rung] if any(f in HEADER_RUNGS for f in failed) else []
+    parts += ["full"] if "binding" in failed else []
+    if parts:
+        out["name"] = "_".join([call["name"], *parts])
     elif choices.get("light") is False:
         out["name"] = f"{call['name']}_asis"
     return out
@@ -394,6 +459,7 @@ class BuildOutcome:
     message: str = ""
     pch_used: bool = False  # the C++ half used a precompiled header
     cuda_header: str | None = None  # the header rung CUDA sources built with (None: not applicable)
+    binding_header: str | None = None  # what main.cpp (the Python binding) built against: lite or full
 
 
 # Per file a build worker writes (the extension's .so, the compiler's files): room enough, not a full disk.
@@ -423,7 +489,7 @@ class CandidateBuilds:
         if ok_file.exists():
             data = _read_json(ok_file)  # how the binary was built, for the verdict
             return BuildOutcome(key, key_dir, True, True, 0.0, pch_used=bool(data.get("pch_used")),
-                                cuda_header=data.get("cuda_header"))
+                                cuda_header=data.get("cuda_header"), binding_header=data.get("binding_header"))
         if failed_file.exists():
             data = json.loads(failed_file.read_text())
             return BuildOutcome(key, key_dir, False, True, 0.0, "compile_error", data["message"])
@@ -456,10 +522,10 @@ class CandidateBuilds:
             return BuildOutcome(key, key_dir, False, False, r.build_s, "compile_error", r.message)
         if r.error_kind is None:
             ok_file.write_text(json.dumps({"build_s": r.build_s, "extensions": r.extensions, "pch_used": r.pch_used,
-                                           "cuda_header": r.cuda_header}))
+                                           "cuda_header": r.cuda_header, "binding_header": r.binding_header}))
         # An import error that is not the compiler's is left to the run, which imports with the device present.
         return BuildOutcome(key, key_dir, True, not r.compiled, r.build_s, pch_used=r.pch_used,
-                            cuda_header=r.cuda_header)
+                            cuda_header=r.cuda_header, binding_header=r.binding_header)
 
     def request_default_header(self, with_cuda: bool) -> bool:
         """Start making the precompiled header for `load_inline`'s default flags now, so that it is ready for

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager
 
 from oracle import gpu_lock, judge
-from oracle.build import BuildOutcome, CandidateBuilds, build_key, cache_root, last_line
+from oracle.build import BuildOutcome, CandidateBuilds, build_key, cache_root, last_line, lite_binding_available
 from oracle.candidate import Candidate
 from oracle.cores import plan_cores
 from oracle.device_quiet import MeasuredPeaks, MemoryBudget, QuietDevice
@@ -179,7 +179,9 @@ class Oracle:
                                  self.cores.for_timing if kept and c.device == "cuda" else None)
         self.pch = (c.pch_dir or default_root()) if c.precompiled_headers else None
         self.builds = CandidateBuilds(builds_root, self.gpu_arch, self.pch, c.build_timeout_s, self.quiet)
-        if c.device == "cuda":  # CUDA candidates mostly keep load_inline's default C++ flags: their header, now
+        # CUDA candidates mostly keep load_inline's default C++ flags: their header, now, where their bindings
+        # are not compiled against the lite header first (which needs no precompiled header)
+        if c.device == "cuda" and not lite_binding_available():
             self.builds.request_default_header(with_cuda=True)
         step("builds and header")
         self.memory = MemoryBudget(int(c.candidate_memory * _device_memory(c.device)))
@@ -251,7 +253,8 @@ class Oracle:
         held while anything is timed, for example to pause a generator that shares the GPU.
         `fresh_baseline`: time eager PyTorch again first, for the re-timing of a best kernel."""
         base: dict[str, Any] = dict(backend=candidate.backend, hash=candidate.hash, build_s=build.build_s,
-                                    build_cached=build.cached, build_pch=build.pch_used, build_header=build.cuda_header)
+                                    build_cached=build.cached, build_pch=build.pch_used, build_header=build.cuda_header,
+                                    build_binding_header=build.binding_header)
         if build.status:
             return self._verdict(task, build.status, build.message, **base)
         quiet = quiet or contextlib.nullcontext

@@ -111,7 +111,8 @@ def build_entry(conn: Connection, job_dir: str) -> None:
         error_kind, message = "import", one_line(exc)
     send(conn, result=BuildResult(extensions=record.extensions, build_s=record.build_s, compiled=record.compiled,
                                   error_kind=error_kind, message=message, pch_used=record.pch_used,
-                                  pch_wanted=record.pch_wanted, cuda_header=record.cuda_header))
+                                  pch_wanted=record.pch_wanted, cuda_header=record.cuda_header,
+                                  binding_header=record.binding_header))
 
 
 def _import_candidate(path: str, backend: str | None, constants: dict[str, Any] | None = None) -> Any:

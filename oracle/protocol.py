@@ -84,6 +84,7 @@ class BuildResult(Record):
     pch_used: bool = False
     pch_wanted: list[dict[str, Any]] = field(default_factory=list)
     cuda_header: str | None = None
+    binding_header: str | None = None
 
 
 @dataclass

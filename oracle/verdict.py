@@ -55,6 +55,7 @@ class Verdict:
     build_cached: bool = False
     build_pch: bool = False  # its C++ half was compiled against a precompiled torch/extension.h (oracle.pch)
     build_header: str | None = None  # the header its CUDA sources compiled against: lite, types, as written
+    build_binding_header: str | None = None  # what its main.cpp (the Python binding) compiled against: lite, full
     verify_s: float | None = None  # the worker's import and correctness checks
     time_s: float | None = None  # the worker's timing phase
     flags: list[str] = field(default_factory=list)  # e.g. "wall_clock_disagrees", "used_cache"

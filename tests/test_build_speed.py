@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from oracle import Oracle, OracleConfig
-from oracle.build import BuildRecord, _apply_choices, _build_choices, lighten_cuda_sources
+from oracle.build import (LITE_BINDING_HEADER, BuildRecord, _apply_choices, _build_choices, failed_object,
+                          lighten_cuda_sources)
 from oracle.pch import PchSpec, header_folder, is_ready, make_header, request_header, spec_for
 from tasks import Selection, load_tasks
 
@@ -76,6 +77,45 @@ def test_choices_are_kept_with_the_built_extension(tmp_path):
     assert _apply_choices(call, {"light": False})["name"] == "x_asis"
 
 
+def test_bindings_are_tried_against_the_lite_header_first(tmp_path):
+    """main.cpp starts with the lite binding header instead of torch/extension.h, its own includes of that
+    dropped (they would add nothing after a first torch/extension.h); no precompiled header is asked for."""
+    record = BuildRecord()
+    (tmp_path / "a").mkdir()
+    cpp_call = {"name": "x", "cpp_sources": ["#include <torch/extension.h>\nint f() { return 1; }"], "extra_cflags": ["-O3"]}
+    choices = _build_choices(tmp_path / "a", cpp_call, True, tmp_path / "pch", record, lite_binding=True)
+    assert choices == {"binding": "lite"} and not record.pch_wanted
+    applied = _apply_choices(cpp_call, choices)
+    assert applied["no_implicit_headers"] is True and applied["name"] == "x"
+    assert applied["cpp_sources"] == [LITE_BINDING_HEADER, "\nint f() { return 1; }"]
+    assert "torch/csrc/utils/pybind.h" in LITE_BINDING_HEADER and "torch/extension.h>" not in LITE_BINDING_HEADER
+    # with CUDA sources: each half gets its own header, and load_inline's own lines before the CUDA file
+    cuda_call = {"name": "x", "cuda_sources": [KERNEL], "cpp_sources": "torch::Tensor run(torch::Tensor x);"}
+    both = _apply_choices(cuda_call, {"header": "lite", "binding": "lite"})
+    assert both["cpp_sources"] == [LITE_BINDING_HEADER, "torch::Tensor run(torch::Tensor x);"]
+    assert both["cuda_sources"][0] == "#include <cuda.h>\n#include <cuda_runtime.h>"
+    types = _apply_choices(cuda_call, {"header": "types", "failed": ["lite"], "binding": "lite"})
+    assert types["no_implicit_headers"] is True and types["name"] == "x_types"
+    assert types["cuda_sources"][0] == "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>"
+    # the binding after a failure at the lite header: torch/extension.h and its precompiled header, a name of its own
+    full = _apply_choices(cuda_call, {"header": "lite", "binding": "full", "failed": ["binding"], "pch": "/p"})
+    assert full["cpp_sources"][0] == "#include <torch/extension.h>" and full["extra_cflags"][-1] == "-I/p"
+    assert full["name"] == "x_full"
+    assert _apply_choices(cuda_call, {"binding": "lite", "pch": "/p"}).get("extra_cflags") is None
+    # a call that leaves out load_inline's headers itself chose its own: nothing is changed
+    (tmp_path / "b").mkdir()
+    own = _build_choices(tmp_path / "b", {**cuda_call, "no_implicit_headers": True}, True, None, record, lite_binding=True)
+    assert own == {}
+
+
+def test_which_object_failed_is_read_from_ninjas_message():
+    old = "Error building extension 'x': [1/3] c++ -c main.cpp -o main.o\nFAILED: main.o \nc++ ...\nerror: 'exp' is not a member"
+    new = "Error building extension 'x': [1/3] c++ ...\nFAILED: [code=1] cuda.cuda.o \n/usr/local/cuda/bin/nvcc ..."
+    assert failed_object(old, "main.o") and not failed_object(old, "cuda.cuda.o")
+    assert failed_object(new, "cuda.cuda.o") and not failed_object(new, "main.o")
+    assert not failed_object("undefined symbol: main.o", "main.o")
+
+
 def test_a_missing_header_is_requested_not_used(tmp_path):
     record = BuildRecord()
     build_dir = tmp_path / "ext"
@@ -117,14 +157,37 @@ def test_the_default_flags_header_is_asked_for_before_any_build(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_binding_built_against_the_lite_header_runs_and_asks_for_no_header(tmp_path):
+    pch = tmp_path / "pch"
+    task = load_tasks("builtin", Selection(task_ids=frozenset({"builtin/1_LeakyReLU_Scale"})), 256).tasks[0]
+    oracle = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path / "c", pch_dir=pch))
+    candidate = oracle.extract(task, LEAKY.read_text())
+    build = oracle.build(candidate)
+    assert build.ok and build.binding_header == "lite" and not build.pch_used
+    (main,) = (tmp_path / "c").rglob("main.cpp")
+    assert main.read_text().startswith("// torch/extension.h, cut") and "<torch/extension.h>" not in main.read_text()
+    verdict = oracle.check_and_time(task, candidate, build)
+    assert verdict.status == "correct", verdict.message
+    assert verdict.build_binding_header == "lite"
+    assert not pch.exists() or not any(pch.iterdir())  # nothing asked for: the lite binding needs no header
+    assert oracle.build(candidate).binding_header == "lite"  # from the build cache, still on record
+
+
+# torch::exp is not in the lite header: the binding file fails there and is built against torch/extension.h
+NEEDS_FULL = LEAKY.read_text().replace("auto y = torch::empty_like(x);", "auto y = torch::exp(x);")
+
+
+@pytest.mark.slow
 def test_header_is_made_in_the_background_and_used_by_the_next_build(tmp_path):
     pch = tmp_path / "pch"
     task = load_tasks("builtin", Selection(task_ids=frozenset({"builtin/1_LeakyReLU_Scale"})), 256).tasks[0]
-    source = LEAKY.read_text()
+    source = NEEDS_FULL
+    assert source != LEAKY.read_text()
 
     first = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path / "a", pch_dir=pch))
     built = first.build(first.extract(task, source))
     assert built.ok and not built.pch_used  # no header yet: built the ordinary way, and one was asked for
+    assert built.binding_header == "full"  # after the lite binding header failed
     spec = spec_for(["-O3"], None, with_cuda=False)
     deadline = time.monotonic() + 600
     while not is_ready(pch, spec) and time.monotonic() < deadline:
@@ -143,6 +206,7 @@ def test_header_is_made_in_the_background_and_used_by_the_next_build(tmp_path):
     assert verdict.status == "correct", verdict.message
     assert library.stat().st_mtime == stamp  # the check imported what was built, it did not rebuild
     assert verdict.build_pch and verdict.build_header is None  # a C++ candidate: no CUDA header rung
+    assert verdict.build_binding_header == "full"
     again = second.build(candidate)  # from the build cache: how it was built is still on record
     assert again.cached and again.pch_used
 
@@ -173,8 +237,8 @@ def _cuda_toolkit(monkeypatch) -> None:
 
 @pytest.mark.slow
 def test_the_lite_rung_compiles_through_load_inline(tmp_path, monkeypatch):
-    """Both halves compile at the first rung: the CUDA file against the lite header, main.cpp with its
-    torch/extension.h put back first (no_implicit_headers drops it)."""
+    """Both halves compile at the first rung: the CUDA file against the lite header, main.cpp against the
+    lite binding header (no_implicit_headers drops load_inline's own torch/extension.h)."""
     import torch
     import torch.utils.cpp_extension as cpp
 
@@ -183,7 +247,7 @@ def test_the_lite_rung_compiles_through_load_inline(tmp_path, monkeypatch):
             "functions": ["run"], "extra_cflags": ["-O3"], "extra_cuda_cflags": ["-O3"], "build_directory": str(tmp_path),
             "verbose": False}
     try:
-        module = cpp.load_inline(**_apply_choices(call, {"header": "lite"}))
+        module = cpp.load_inline(**_apply_choices(call, {"header": "lite", "binding": "lite"}))
     except RuntimeError as exc:  # a CPU build of torch: the link has no CUDA libraries to take
         assert not torch.cuda.is_available() and "ld" in str(exc) and "cuda" in str(exc), str(exc)[-2000:]
     else:  # a CUDA build of torch: the extension runs
@@ -192,7 +256,7 @@ def test_the_lite_rung_compiles_through_load_inline(tmp_path, monkeypatch):
     assert (tmp_path / "cuda.cuda.o").exists() and (tmp_path / "main.o").exists()
     assert "ATen/core/Tensor.h" in (tmp_path / "cuda.cu").read_text()
     assert "#include <torch/types.h>" not in (tmp_path / "cuda.cu").read_text()
-    assert (tmp_path / "main.cpp").read_text().startswith("#include <torch/extension.h>\n")
+    assert (tmp_path / "main.cpp").read_text().startswith(LITE_BINDING_HEADER + "\n")
 
 
 @pytest.mark.slow
@@ -234,9 +298,9 @@ import torch, torch.utils.cpp_extension as cpp
 record = BuildRecord()
 install_build_hooks(Path(sys.argv[1]), None, record, Path(sys.argv[2]))
 t0 = time.perf_counter()
-m = cpp.load_inline(name="shared_ext", functions=["twice"],
-                    cpp_sources="#include <torch/extension.h>\\ntorch::Tensor twice(torch::Tensor x) {{ return x * 2; }}")
-assert torch.equal(m.twice(torch.ones(3)), torch.full((3,), 2.0))
+m = cpp.load_inline(name="shared_ext", functions=["twice"],  # torch::exp: torch/extension.h, so headers matter
+                    cpp_sources="#include <torch/extension.h>\\ntorch::Tensor twice(torch::Tensor x) {{ return torch::exp(x) * 2; }}")
+assert torch.allclose(m.twice(torch.zeros(3)), torch.full((3,), 2.0))
 print(json.dumps({{"compiled": record.compiled, "pch_used": record.pch_used, "s": time.perf_counter() - t0}}))
 """
 
