@@ -11,8 +11,9 @@ imported. Inside a worker, `install_build_hooks` wraps that call so that
 - only the present GPU's architecture is targeted, and the time spent compiling is recorded;
 - the functions of the built module count their calls, which is how the oracle knows the candidate ran
   code of its own (docs/oracle.md, "Own kernel");
-- two cuts to a cold build's time, both invisible in the binary's behaviour: the C++ half uses a
-  precompiled `torch/extension.h` when one exists for its flags (`oracle.pch`), and CUDA sources that
+- two cuts to a cold build's time, both invisible in the binary's behaviour: the C++ half (main.cpp, the
+  Python binding) compiles against the lite header plus pybind11 and PyTorch's casters (`LITE_BINDING_HEADER`),
+  or where that fails against `torch/extension.h`, precompiled when one exists for its flags (`oracle.pch`); CUDA sources that
   include `torch/extension.h` only for tensors compile against a lighter header (nvcc's three passes,
   cudafe++, cicc and the host compiler, each parse every header the source includes; that parse, not the
   kernel, is most of a CUDA build). Two rungs are tried in turn: `lite`, the tensor type and the handful of
