@@ -38,7 +38,7 @@ class OracleActor:
             gate.forget.remote(self.holder)
         self.build_slots = asyncio.Semaphore(build_slots)
         # candidates on the device at once: their checks overlap, their timing does not (oracle.device_lock);
-        # re-timings wait while candidates do (oracle.device_slots)
+        # re-timings wait while the oracle has candidates (oracle.device_slots)
         self.device_slots = DeviceSlots(config.device_slots)
         self.busy = {"building": 0, "timing": 0, "queued": 0}
         self._preparing: dict[str, asyncio.Future] = {}  # per task code: its reference made beside the first build
@@ -53,19 +53,20 @@ class OracleActor:
         task = Task.from_json(task_json)
         candidate = Candidate(**candidate_json)
         self._prepare(task)
-        self.busy["queued"] += 1
-        asked = time.perf_counter()
-        async with self.build_slots:
-            queued = {"build": round(time.perf_counter() - asked, 4)}
-            self.busy["queued"] -= 1
-            self.busy["building"] += 1
-            t0 = time.perf_counter()
-            try:
-                build = await asyncio.to_thread(self.oracle.build, candidate)
-            finally:
-                self.busy["building"] -= 1
-                self.build_s += time.perf_counter() - t0
-        return await self._checked_and_timed(task, candidate, build, queued=queued)
+        async with self.device_slots.candidate():  # from here to its verdict, re-timings wait
+            self.busy["queued"] += 1
+            asked = time.perf_counter()
+            async with self.build_slots:
+                queued = {"build": round(time.perf_counter() - asked, 4)}
+                self.busy["queued"] -= 1
+                self.busy["building"] += 1
+                t0 = time.perf_counter()
+                try:
+                    build = await asyncio.to_thread(self.oracle.build, candidate)
+                finally:
+                    self.busy["building"] -= 1
+                    self.build_s += time.perf_counter() - t0
+            return await self._checked_and_timed(task, candidate, build, queued=queued)
 
     def _prepare(self, task: Task) -> None:
         """The first time a task is asked for: its reference, eager timing and compile baseline start now, in

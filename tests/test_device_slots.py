@@ -42,18 +42,39 @@ def test_a_retiming_waits_while_a_candidate_waits_and_takes_a_free_slot_otherwis
     assert asyncio.run(main()) == ["c1", "c2", "c3", "r1", "r2"]
 
 
-def test_a_retiming_takes_a_free_slot_beside_candidates_when_none_waits():
-    async def main() -> list[str]:
+def test_a_retiming_takes_a_free_slot_beside_a_profile_but_waits_for_candidates_being_built():
+    """A free slot beside other device work that is not a candidate's (a profile) is the re-timing's; while a
+    candidate is in the oracle, being built or on the device, the re-timing waits, and goes once none is."""
+    async def main() -> None:
         slots, order = DeviceSlots(2), []
         hold = asyncio.Event()
-        tasks = [asyncio.create_task(_take(slots, "c1", True, order, hold))]
+        profile = asyncio.create_task(_take(slots, "profile", True, order, hold))
         await _settle()
-        tasks.append(asyncio.create_task(_take(slots, "r1", False, order, hold)))
+        retime = asyncio.create_task(_take(slots, "r1", False, order, asyncio.Event()))
         await _settle()
-        assert order == ["c1", "r1"] and slots.free == 0
+        assert order == ["profile", "r1"] and slots.free == 0
+        retime.cancel()
+        await _settle()
+
+        built = asyncio.Event()
+
+        async def candidate() -> None:  # as the actor's evaluate: counted from its build to its verdict
+            async with slots.candidate():
+                await built.wait()  # building: no slot asked for yet
+                async with slots.held(True):
+                    order.append("c1")
+
+        order.clear()
+        task = asyncio.create_task(candidate())
+        await _settle()
+        retime = asyncio.create_task(_take(slots, "r2", False, order, hold))
+        await _settle()
+        assert order == [] and slots.free == 1 and slots.candidates == 1  # a slot free, but a candidate coming
+        built.set()
+        await _settle()
+        assert order == ["c1", "r2"] and slots.candidates == 0
         hold.set()
-        await asyncio.gather(*tasks)
-        return order
+        await asyncio.gather(profile, task, retime)
 
     asyncio.run(main())
 
