@@ -178,7 +178,7 @@ inline constexpr auto kF16 = kFloat16, kF32 = kFloat32, kF64 = kFloat64;  // inl
 # main.cpp, the Python binding load_inline writes, against the same subset plus what binding a function to
 # Python takes: pybind11 with PyTorch's type casters (torch/csrc/utils/pybind.h, where every caster that
 # torch/extension.h brings is declared) and torch::wrap_pybind_function (torch/csrc/Exceptions.h); not the C++
-# frontend of torch/all.h (nn, optim, data, jit). On the 2-core CPU machine g++ -O3 took 12-15 s on a binding
+# frontend of torch/all.h (nn, optim, data, jit). On the 2-core CPU machine g++ -O3 took 12-17 s on a binding
 # file against it, 17.7 s against a precompiled torch/extension.h and 32.9 s against torch/extension.h.
 LITE_BINDING_HEADER = LITE_HEADER + """
 #include <torch/csrc/utils/pybind.h>
