@@ -275,8 +275,7 @@ def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord, 
         call.update(name=unique, build_directory=str(build_dir), verbose=False)
         with _folder_held(build_dir):  # another process building this folder: wait, then load what it built
             before = _newest_library(build_dir)
-            choices = _build_choices(build_dir, call, original is original_inline, pch, record, first_rung,
-                                     lite_binding=first_rung == "lite")
+            choices = _build_choices(build_dir, call, original is original_inline, pch, record, first_rung)
             t0 = time.perf_counter()
             while True:
                 try:
@@ -328,10 +327,11 @@ def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord, 
 
 
 def _build_choices(build_dir: Path, call: dict[str, Any], inline: bool, pch: Path | None,
-                   record: BuildRecord, first_rung: str = "lite", lite_binding: bool = False) -> dict[str, Any]:
+                   record: BuildRecord, first_rung: str = "lite") -> dict[str, Any]:
     """How this extension is compiled: decided once, when its folder is first built, and kept in the folder.
-    A later import must pass the same flags and sources, or ninja would rebuild it. `lite_binding`: main.cpp
-    is tried against `LITE_BINDING_HEADER` first (this torch's load_inline can leave out its own headers)."""
+    A later import must pass the same flags and sources, or ninja would rebuild it. A first rung of `lite`
+    (this torch's load_inline can leave out its own headers) also tries main.cpp against
+    `LITE_BINDING_HEADER` first."""
     saved = build_dir / "choices.json"
     if saved.exists() and _newest_library(build_dir) is not None:
         try:
@@ -344,7 +344,7 @@ def _build_choices(build_dir: Path, call: dict[str, Any], inline: bool, pch: Pat
     cuda_sources = _as_list(call.get("cuda_sources")) if inline else []
     if cuda_sources and lighten_cuda_sources(cuda_sources) is not None:
         choices["header"] = first_rung
-    if inline and lite_binding:
+    if inline and first_rung == "lite":
         choices["binding"] = "lite"  # no torch/extension.h to precompile: the binding parses little
     elif inline:
         _choose_header(choices, call, pch, record)

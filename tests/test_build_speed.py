@@ -55,7 +55,7 @@ def test_choices_are_kept_with_the_built_extension(tmp_path):
     call = {"name": "x", "cuda_sources": [KERNEL], "cpp_sources": "int f();", "extra_cflags": ["-O3"]}
     record = BuildRecord()
     first = _build_choices(build_dir, call, True, None, record)
-    assert first == {"header": "lite"}
+    assert first == {"header": "lite", "binding": "lite"}
     (build_dir / "x.so").write_text("")  # built
     (build_dir / "choices.json").write_text(json.dumps({"header": "as written", "failed": ["lite", "types"], "pch": "/somewhere"}))
     assert _build_choices(build_dir, call, True, None, record)["header"] == "as written"
@@ -65,9 +65,12 @@ def test_choices_are_kept_with_the_built_extension(tmp_path):
     lite = _apply_choices(call, first)
     assert lite["name"] == "x" and lite["no_implicit_headers"] is True  # load_inline's torch/types.h left out too
     assert "#include <cuda_runtime.h>" in lite["cuda_sources"][0] and "ATen/core/Tensor.h" in lite["cuda_sources"][1]
-    # no_implicit_headers drops main.cpp's torch/extension.h too: back as its first line (the bindings need
-    # it, and the precompiled header is used only for a first include)
-    assert lite["cpp_sources"] == ["#include <torch/extension.h>", "int f();"]
+    # main.cpp's first line, which no_implicit_headers drops, is the lite binding header
+    assert lite["cpp_sources"] == [LITE_BINDING_HEADER, "int f();"]
+    # a binding after a failure there: torch/extension.h back as its first line (the precompiled header is
+    # used only for a first include)
+    full = _apply_choices(call, {"header": "lite", "binding": "full", "failed": ["binding"]})
+    assert full["cpp_sources"] == ["#include <torch/extension.h>", "int f();"]
     types = _apply_choices(call, {"header": "types", "failed": ["lite"]})
     assert types["name"] == "x_types" and types["cuda_sources"][0].startswith("#include <torch/types.h>")
     assert "no_implicit_headers" not in types
@@ -83,7 +86,7 @@ def test_bindings_are_tried_against_the_lite_header_first(tmp_path):
     record = BuildRecord()
     (tmp_path / "a").mkdir()
     cpp_call = {"name": "x", "cpp_sources": ["#include <torch/extension.h>\nint f() { return 1; }"], "extra_cflags": ["-O3"]}
-    choices = _build_choices(tmp_path / "a", cpp_call, True, tmp_path / "pch", record, lite_binding=True)
+    choices = _build_choices(tmp_path / "a", cpp_call, True, tmp_path / "pch", record)
     assert choices == {"binding": "lite"} and not record.pch_wanted
     applied = _apply_choices(cpp_call, choices)
     assert applied["no_implicit_headers"] is True and applied["name"] == "x"
@@ -104,7 +107,7 @@ def test_bindings_are_tried_against_the_lite_header_first(tmp_path):
     assert _apply_choices(cuda_call, {"binding": "lite", "pch": "/p"}).get("extra_cflags") is None
     # a call that leaves out load_inline's headers itself chose its own: nothing is changed
     (tmp_path / "b").mkdir()
-    own = _build_choices(tmp_path / "b", {**cuda_call, "no_implicit_headers": True}, True, None, record, lite_binding=True)
+    own = _build_choices(tmp_path / "b", {**cuda_call, "no_implicit_headers": True}, True, None, record)
     assert own == {}
 
 
@@ -120,8 +123,9 @@ def test_a_missing_header_is_requested_not_used(tmp_path):
     record = BuildRecord()
     build_dir = tmp_path / "ext"
     build_dir.mkdir()
+    # first rung `types`: a torch whose load_inline keeps its own headers, so main.cpp has torch/extension.h
     choices = _build_choices(build_dir, {"name": "x", "cpp_sources": ["int f();"], "extra_cflags": ["-O3"]}, True,
-                             tmp_path / "pch", record)
+                             tmp_path / "pch", record, "types")
     assert "pch" not in choices
     assert record.pch_wanted and PchSpec.from_json(record.pch_wanted[0]) == spec_for(["-O3"], None, with_cuda=False)
 
@@ -142,7 +146,7 @@ def test_the_default_flags_header_is_asked_for_before_any_build(tmp_path):
         record = BuildRecord()
         (tmp_path / "ext").mkdir()
         call = with_build_flags({"name": "x", "cpp_sources": ["int f();"]})  # as the build hook passes it
-        _build_choices(tmp_path / "ext", call, True, tmp_path / "pch", record)
+        _build_choices(tmp_path / "ext", call, True, tmp_path / "pch", record, "types")  # bindings not lite
         wanted = PchSpec.from_json(record.pch_wanted[0])
         assert (tmp_path / "pch" / f"{wanted.key}.log").exists()  # the maker writes its log under the same key
         assert quiet._header_makers  # stopped while a CPU is timed, like any compiler
