@@ -78,14 +78,22 @@ class TimingParams:
     # held the device alone for seconds while every other candidate waited.
     slow_min_calls: int = 5
     slow_cut_s: float = 1.0
+    # From steady_calls on, timing also stops once the median is known to within `precision` of itself (the
+    # half-width of its distribution-free 95% confidence interval, `median_interval`): more calls of a steady
+    # kernel would not move it, and every call is device time held alone. A noisy one goes on as before.
+    steady_calls: int = 50
+    precision: float = 0.005
 
-    def wants_more(self, calls: int, spent_s: float) -> bool:
+    def wants_more(self, calls: int, spent_s: float, samples: Sequence[float] | None = None) -> bool:
         """Whether timing goes on after `calls` calls that took `spent_s` seconds in all: at least min_calls
-        (slow_min_calls once slow_cut_s is spent), and on until target_s is spent."""
+        (slow_min_calls once slow_cut_s is spent), and on until target_s is spent or, from steady_calls on,
+        until `samples` (the calls' times) pin their median down to `precision`."""
         if calls >= self.max_calls:
             return False
         if calls < min(self.min_calls, self.slow_min_calls):
             return True
+        if calls >= self.steady_calls and samples and median_precision(samples) <= self.precision:
+            return False
         return spent_s < self.target_s or (calls < self.min_calls and spent_s < self.slow_cut_s)
 
     def next_batch(self, calls: int, spent_s: float) -> int:
@@ -118,6 +126,7 @@ class Timing:
     wall_ms: float  # per call, from the synchronised wall-clock block (no flushes): the fastest of its rounds
     rotate_sets: int
     wall_rounds: int = 1  # wall-clock blocks clocked (more than one when the first disagreed with the events)
+    median_precision: float | None = None  # `median_precision` of the timed calls: the median is this close
     # GPU only: how long the fastest block's final synchronise waited after its last call was issued
     wall_drain_ms: float | None = None
 
@@ -130,6 +139,22 @@ class Timing:
         data = asdict(self)
         data["spread"] = round(self.spread, 4)
         return data
+
+
+def median_interval(values: Sequence[float]) -> tuple[float, float]:
+    """A 95% confidence interval for the median of the distribution `values` were drawn from, whatever its
+    shape: the order statistics n/2 -+ 0.98 sqrt(n) (the binomial's normal approximation; values sorted)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half = 0.98 * math.sqrt(n)
+    return ordered[max(0, math.floor(n / 2 - half))], ordered[min(n - 1, math.ceil(n / 2 + half))]
+
+
+def median_precision(values: Sequence[float]) -> float:
+    """The half-width of `median_interval` over the median (inf when the median is not positive)."""
+    low, high = median_interval(values)
+    median = statistics.median(values)
+    return (high - low) / 2 / median if median > 0 else math.inf
 
 
 def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
@@ -183,7 +208,8 @@ def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], devi
     rounds = 1
     while rounds < WALL_ROUNDS and wall_disagrees(wall[0], med):
         wall, rounds = min(wall, back_to_back(fn, input_sets, device, wall_calls, keep)), rounds + 1
-    return Timing(med, q1, q3, len(samples), wall[0], n_sets, rounds, wall[1] if device == "cuda" else None)
+    return Timing(med, q1, q3, len(samples), wall[0], n_sets, rounds, round(median_precision(samples), 5),
+                  wall[1] if device == "cuda" else None)
 
 
 def back_to_back(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str, calls: int,
@@ -217,7 +243,7 @@ def held_like_a_candidate(device: str, n_sets: int) -> Callable[[int, Any], None
 def _time_cpu(fn, input_sets, params: TimingParams, keep=None) -> list[float]:
     samples: list[float] = []
     spent = 0.0
-    while params.wants_more(len(samples), spent):
+    while params.wants_more(len(samples), spent, samples):
         inputs = input_sets[len(samples) % len(input_sets)]
         t0 = _perf_counter()
         out = fn(*inputs)
@@ -266,7 +292,7 @@ def _time_cuda(fn, input_sets, params: TimingParams, keep=None) -> list[float]:
     spent_ms = 0.0
     issued = (0.0, 0)  # the last batch: the host's milliseconds to issue it, and its calls
     # Calls are issued in batches so that the host never waits on each one; events are read per batch.
-    while params.wants_more(len(samples), spent_ms / 1e3):
+    while params.wants_more(len(samples), spent_ms / 1e3, samples):
         size = params.next_batch(len(samples), spent_ms / 1e3)
         _cuda_spin(int(head_start_ms(issued[0], issued[1], size) * cycles_per_ms))
         t0 = _perf_counter()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from oracle.compare import compare
-from oracle.timing import HEAD_START_MS, TimingParams, head_start_ms, time_calls
+from oracle.timing import HEAD_START_MS, TimingParams, head_start_ms, median_interval, median_precision, time_calls
 
 
 def test_within_tolerance_passes_and_beyond_fails():
@@ -161,6 +161,41 @@ def test_the_gpu_timer_issues_no_batch_past_what_the_slow_cut_wants():
         n = p.next_batch(calls, spent)
         calls, spent = calls + n, spent + n * 0.0002
     assert calls == p.max_calls
+
+
+def test_the_medians_interval_holds_the_ranks_around_the_middle():
+    values = list(range(100, 0, -1))  # 1..100, any order
+    assert median_interval(values) == (41, 61)  # ranks 50 -+ 9.8, rounded outward (0-based 40 and 60)
+    assert median_interval([5.0]) == (5.0, 5.0)
+    assert median_precision([2.0] * 30) == 0.0
+    assert median_precision([1.0, 1.0, 1.0, 1.0, 1.1, 1.1, 1.1, 1.1]) > 0.04  # split halves: nothing is known
+    assert median_precision([0.0, 0.0, 0.0]) == float("inf")
+
+
+def test_a_steady_kernels_timing_stops_once_its_median_is_pinned_down():
+    """A steady kernel stops at steady_calls, not at target_s or max_calls: more calls would not move its median,
+    and each one is device time held alone. A noisy one goes on as before; below steady_calls nothing stops."""
+    import random
+
+    p = TimingParams()  # steady from 50 calls, to 0.5%
+    rng = random.Random(0)
+    steady = [1.0 + rng.gauss(0, 0.002) for _ in range(300)]
+    noisy = [1.0 + rng.expovariate(1 / 0.2) for _ in range(300)]
+
+    def run(samples_ms: list[float]) -> int:
+        calls, spent = 0, 0.0
+        while p.wants_more(calls, spent / 1e3, samples_ms[:calls]):
+            n = p.next_batch(calls, spent / 1e3)
+            spent += sum(samples_ms[calls:calls + n])
+            calls += n
+        return calls
+
+    assert p.steady_calls <= run(steady) < p.steady_calls + 10  # at the first batch's end past it
+    assert run(noisy) == p.max_calls  # 1-ms calls: target_s would want 1000
+    assert p.wants_more(40, 0.04, steady[:40])  # too few calls to stop on precision
+    assert TimingParams(precision=0.0).wants_more(50, 0.05, steady[:50])  # precision 0: never pinned down
+    t = time_calls(lambda x: x, [[torch.zeros(1)]], "cpu", TimingParams(warmup_calls=0, wall_calls=3))
+    assert t.median_precision is not None and t.to_json()["median_precision"] == t.median_precision
 
 
 def test_the_gpus_head_start_is_twice_what_the_host_took_to_issue_a_batch():
