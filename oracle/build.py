@@ -218,6 +218,17 @@ def failed_object(text: str, name: str) -> bool:
     return re.search(rf"^FAILED: (?:\[code=\d+\] )?{re.escape(name)}\b", text, re.M) is not None
 
 
+# The compiler driver refusing its command line (a g++ option given to nvcc's flags, or the reverse): the flags
+# are the same at every rung, so no other header can help and the build fails at once.
+_REJECTED_FLAGS = re.compile(r"^(?:\S*: error: unrecognized command[- ]line option|nvcc fatal\s*: (?:Unknown option|"
+                             r"Value '.*' is not defined for option))", re.M)
+
+
+def flags_rejected(text: str) -> bool:
+    """Whether a build error is the compiler rejecting its flags rather than the source (`_REJECTED_FLAGS`)."""
+    return _REJECTED_FLAGS.search(text) is not None
+
+
 def takes_no_implicit_headers(load_inline: Any) -> bool:
     """Whether this torch's (unhooked) load_inline can leave out its own torch/types.h, a newer argument:
     without it, the `lite` rung would parse torch/types.h all the same."""
@@ -283,6 +294,9 @@ def install_build_hooks(cache: Path, gpu_arch: str | None, record: BuildRecord, 
                     break
                 except Exception as exc:  # noqa: BLE001 - the compiler's message is the useful part
                     text = str(exc)
+                    if flags_rejected(text):
+                        record.error = trim_compiler_output(text)
+                        raise BuildFailed(record.error) from None
                     # main.cpp failed against the lite binding header: torch/extension.h next, the CUDA
                     # file's rung kept unless it failed too
                     binding = choices.get("binding") == "lite" and failed_object(text, "main.o")

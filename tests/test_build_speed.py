@@ -12,7 +12,7 @@ import pytest
 
 from oracle import Oracle, OracleConfig
 from oracle.build import (LITE_BINDING_HEADER, BuildRecord, _apply_choices, _build_choices, failed_object,
-                          lighten_cuda_sources)
+                          flags_rejected, lighten_cuda_sources)
 from oracle.pch import PchSpec, header_folder, is_ready, make_header, request_header, spec_for
 from tasks import Selection, load_tasks
 
@@ -117,6 +117,41 @@ def test_which_object_failed_is_read_from_ninjas_message():
     assert failed_object(old, "main.o") and not failed_object(old, "cuda.cuda.o")
     assert failed_object(new, "cuda.cuda.o") and not failed_object(new, "main.o")
     assert not failed_object("undefined symbol: main.o", "main.o")
+
+
+def test_a_rejected_flag_is_read_from_the_compilers_message():
+    gxx = ("FAILED: [code=1] main.o \n/opt/gcc/bin/g++ -MMD -MF main.o.d -O3 --use_fast_math -c main.cpp\n"
+           "g++-real: error: unrecognized command-line option \u2018--use_fast_math\u2019; did you mean \u2018--fast-math\u2019?")
+    old_gcc = "FAILED: main.o \nc++: error: unrecognized command line option '-Xptxas=-O3'"
+    nvcc = "FAILED: cuda.cuda.o \n/usr/local/cuda/bin/nvcc ... -ffast-math\nnvcc fatal   : Unknown option '-ffast-math'"
+    arch = "FAILED: cuda.cuda.o \nnvcc fatal   : Value 'sm_999' is not defined for option 'gpu-architecture'"
+    assert all(flags_rejected(t) for t in (gxx, old_gcc, nvcc, arch))
+    source = ("FAILED: main.o \nmain.cpp:3:12: error: 'exp' is not a member of 'torch'\n"
+              "    3 | // g++: error: unrecognized command-line option, quoted from the source\n")
+    assert not flags_rejected(source)  # the source's own error, and a line of it quoted, not the driver's
+    assert not flags_rejected("nvcc fatal   : Could not open output file 'cuda.cuda.o'")
+
+
+def test_a_build_whose_flags_the_compiler_rejects_fails_at_its_first_attempt(tmp_path):
+    """No header rung changes the flags, so a flag g++ refuses fails the build once, not once a rung (on a GPU
+    each retry also rebuilt the CUDA half beside it: 60-70 s for a demo's "does not compile" sample)."""
+    import torch.utils.cpp_extension as cpp
+
+    from oracle.build import BuildFailed, install_build_hooks
+
+    original = cpp.load_inline
+    record = BuildRecord()
+    try:
+        install_build_hooks(tmp_path, None, record)
+        with pytest.raises(BuildFailed, match="unrecognized command"):
+            cpp.load_inline(name="bad_flag", cpp_sources="torch::Tensor twice(torch::Tensor x) { return x * 2; }",
+                            functions=["twice"], extra_cflags=["-O3", "--use_fast_math"])
+    finally:
+        cpp.load_inline = original
+    (folder,) = tmp_path.glob("ext/*")
+    choices = json.loads((folder / "choices.json").read_text()) if (folder / "choices.json").exists() else {}
+    assert "failed" not in choices  # no second attempt against torch/extension.h
+    assert "unrecognized command" in record.error
 
 
 def test_a_missing_header_is_requested_not_used(tmp_path):
