@@ -182,10 +182,10 @@ def test_a_steady_kernels_timing_stops_once_its_median_is_pinned_down():
     steady = [1.0 + rng.gauss(0, 0.002) for _ in range(300)]
     noisy = [1.0 + rng.expovariate(1 / 0.2) for _ in range(300)]
 
-    def run(samples_ms: list[float]) -> int:
+    def run(samples_ms: list[float], params: TimingParams = p) -> int:
         calls, spent = 0, 0.0
-        while p.wants_more(calls, spent / 1e3, samples_ms[:calls]):
-            n = p.next_batch(calls, spent / 1e3)
+        while params.wants_more(calls, spent / 1e3, samples_ms[:calls]):
+            n = params.next_batch(calls, spent / 1e3)
             spent += sum(samples_ms[calls:calls + n])
             calls += n
         return calls
@@ -194,6 +194,14 @@ def test_a_steady_kernels_timing_stops_once_its_median_is_pinned_down():
     assert run(noisy) == p.max_calls  # 1-ms calls: target_s would want 1000
     assert p.wants_more(40, 0.04, steady[:40])  # too few calls to stop on precision
     assert TimingParams(precision=0.0).wants_more(50, 0.05, steady[:50])  # precision 0: never pinned down
+    # Two levels (on an H200, 155 calls: the first quartile at 1.56 ms, the median and third at 4.06 ms): the
+    # median sits pinned inside the slow one, but the quartiles are far apart, so the timing goes on by the
+    # rule without the steady stop. Here 7 calls in 20 are fast.
+    two_levels = [1.56 + rng.gauss(0, 0.002) if i % 20 < 7 else 4.06 + rng.gauss(0, 0.004) for i in range(300)]
+    assert median_precision(two_levels[:155]) <= p.precision  # what alone would have stopped it
+    assert run(two_levels) == run(two_levels, TimingParams(steady_calls=p.max_calls + 1)) == p.max_calls
+    slow_start = [1.70] * 20 + [1.52 + rng.gauss(0, 0.001) for _ in range(280)]  # a slow first 20 calls
+    assert not p.steady(slow_start[:55]) and p.steady(slow_start[:300])
     t = time_calls(lambda x: x, [[torch.zeros(1)]], "cpu", TimingParams(warmup_calls=0, wall_calls=3))
     assert t.median_precision is not None and t.to_json()["median_precision"] == t.median_precision
 
