@@ -230,7 +230,7 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
                "oracle_init_s": [o.get("init_s") for o in config.get("oracles_started", [])],
                "first_verdict_at_s": min((v["at_s"] for v in verdicts), default=None)}
     return {"candidates": len(judged), "wall_s": wall, "per_min": 60 * len(judged) / wall if judged and wall > 0 else 0.0,
-            "startup": startup, "on_device": on_device(judged, started),
+            "startup": startup, "tail": tail(out, judged, started), "on_device": on_device(judged, started),
             "oracles_device": [OracleDevice.from_json(d).to_json() for d in config.get("oracles_device") or []],
             "device_s_p50": pct(device_s, 0.5), "device_s_p95": pct(device_s, 0.95),
             "phases_p50": {k: pct(v, 0.5) for k, v in phases.items()}, "phases_sum": {k: sum(v) for k, v in phases.items()},
@@ -238,6 +238,21 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
             "worker_phases_p50": {k: pct(v, 0.5) for k, v in worker_phases.items()},
             "build_p50_s": pct(builds, 0.5), "build_p90_s": pct(builds, 0.9), "how_built": how_built,
             "as_expected": sum(v["as_expected"] for v in verdicts), "verdicts": verdicts}
+
+
+def tail(out: Path, judged: list[dict], started: float) -> dict:
+    """What a run did after its last verdict: the re-timed best kernels (`best/`) and the torch.compile
+    baselines it still waited for, with when the last of each came (seconds from the start)."""
+    from search.store import read_baselines
+
+    last = max((r.get("recorded_at") or started for r in judged), default=started)
+    bests = [json.loads(p.read_text()) for p in sorted((out / "best").glob("*.json"))] if (out / "best").exists() else []
+    best_at = [b["retimed_at"] for b in bests if b.get("retimed_at")]
+    baseline_at = [b.recorded_at for b in read_baselines(out / "baselines.jsonl").values() if b.recorded_at]
+    return {"last_verdict_at_s": round(last - started, 1), "bests": len(bests),
+            "last_best_at_s": round(max(best_at) - started, 1) if best_at else None,
+            "baselines_after_last_verdict": sum(t > last for t in baseline_at),
+            "last_baseline_at_s": round(max(baseline_at) - started, 1) if baseline_at else None}
 
 
 def on_device(judged: list[dict], started: float) -> dict:
@@ -306,6 +321,7 @@ def main() -> None:
                   f"{'' if v['as_expected'] else ' (expected ' + v['expected'] + ')'} build {v['build_s'] or 0:.0f} s "
                   f"device {sum((v['device_s'] or {}).values()):.2f} s {v['how_built']}")
         print({k: v for k, v in o.items() if k != "verdicts"})
+        print("after the last verdict:", o["tail"])
         return
 
     import torch

@@ -333,5 +333,6 @@ class Controller:
         verdict = await self.pool.evaluate(state.task, candidate, retime=True)
         data = verdict.to_json()
         data["retimed"] = True
+        data["retimed_at"] = time.time()  # when the run had it: a run's tail is its re-timings
         data["stop_reason"] = state.stop_reason
         self.store.write_best(state.task.id, candidate.source, data)

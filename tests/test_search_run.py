@@ -141,6 +141,7 @@ def test_run_replay_end_to_end_with_dedup_and_best(tmp_path, env):
     assert device.exclusive_s == pytest.approx(sum(device.exclusive_by.values()), abs=0.05)
     best = json.loads((out / "best" / "builtin__1_LeakyReLU_Scale.json").read_text())
     assert best["status"] == "correct" and best["retimed"]
+    assert max(r.recorded_at for r in rows) <= best["retimed_at"] <= time.time()  # the run's tail, timed
     assert "ModelNew" in (out / "best" / "builtin__1_LeakyReLU_Scale.py").read_text()
 
 
