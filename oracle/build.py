@@ -221,7 +221,7 @@ def failed_object(text: str, name: str) -> bool:
 # The compiler driver refusing its command line (a g++ option given to nvcc's flags, or the reverse): the flags
 # are the same at every rung, so no other header can help and the build fails at once.
 _REJECTED_FLAGS = re.compile(r"^(?:\S*: error: unrecognized command[- ]line option|nvcc fatal\s*: (?:Unknown option|"
-                             r"Value '.*' is not defined for option))", re.M)
+                             r"Unsupported gpu architecture|Value '.*' is not defined for option))", re.M)
 
 
 def flags_rejected(text: str) -> bool:

@@ -125,7 +125,8 @@ def test_a_rejected_flag_is_read_from_the_compilers_message():
     old_gcc = "FAILED: main.o \nc++: error: unrecognized command line option '-Xptxas=-O3'"
     nvcc = "FAILED: cuda.cuda.o \n/usr/local/cuda/bin/nvcc ... -ffast-math\nnvcc fatal   : Unknown option '-ffast-math'"
     arch = "FAILED: cuda.cuda.o \nnvcc fatal   : Value 'sm_999' is not defined for option 'gpu-architecture'"
-    assert all(flags_rejected(t) for t in (gxx, old_gcc, nvcc, arch))
+    arch13 = "FAILED: cuda.cuda.o \nnvcc fatal   : Unsupported gpu architecture 'sm_999'"  # nvcc 13's words
+    assert all(flags_rejected(t) for t in (gxx, old_gcc, nvcc, arch, arch13))
     source = ("FAILED: main.o \nmain.cpp:3:12: error: 'exp' is not a member of 'torch'\n"
               "    3 | // g++: error: unrecognized command-line option, quoted from the source\n")
     assert not flags_rejected(source)  # the source's own error, and a line of it quoted, not the driver's
@@ -152,6 +153,28 @@ def test_a_build_whose_flags_the_compiler_rejects_fails_at_its_first_attempt(tmp
     choices = json.loads((folder / "choices.json").read_text()) if (folder / "choices.json").exists() else {}
     assert "failed" not in choices  # no second attempt against torch/extension.h
     assert "unrecognized command" in record.error
+
+
+@pytest.mark.slow
+def test_a_cuda_build_whose_flags_nvcc_rejects_fails_at_its_first_attempt(tmp_path, monkeypatch):
+    """The same through nvcc itself: a g++ flag in `extra_cuda_cflags` is refused once, not once a rung."""
+    import torch.utils.cpp_extension as cpp
+
+    from oracle.build import BuildFailed, install_build_hooks
+
+    _cuda_toolkit(monkeypatch)
+    original = cpp.load_inline
+    record = BuildRecord()
+    try:
+        install_build_hooks(tmp_path, "9.0", record)
+        with pytest.raises(BuildFailed, match="nvcc fatal"):
+            cpp.load_inline(name="bad_cuda_flag", cpp_sources="torch::Tensor run(torch::Tensor x);",
+                            cuda_sources=[ELEMENTWISE], functions=["run"], extra_cuda_cflags=["-O3", "-ffast-math"])
+    finally:
+        cpp.load_inline = original
+    (folder,) = tmp_path.glob("ext/*")
+    choices = json.loads((folder / "choices.json").read_text()) if (folder / "choices.json").exists() else {}
+    assert "failed" not in choices  # neither torch/types.h nor the source as written was tried
 
 
 def test_a_missing_header_is_requested_not_used(tmp_path):
