@@ -243,10 +243,11 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
 def tail(out: Path, judged: list[dict], started: float) -> dict:
     """What a run did after its last verdict: the re-timed best kernels (`best/`) and the torch.compile
     baselines it still waited for, with when the last of each came (seconds from the start)."""
-    from search.store import read_baselines
+    from search.store import RunStore, read_baselines
 
     last = max((r.get("recorded_at") or started for r in judged), default=started)
-    bests = [json.loads(p.read_text()) for p in sorted((out / "best").glob("*.json"))] if (out / "best").exists() else []
+    store = RunStore(out)  # the store's own reader of best/, without `open` (which writes)
+    bests = [b for b in (store.best(t) for t in sorted({r["task"] for r in judged})) if b is not None]
     best_at = [b["retimed_at"] for b in bests if b.get("retimed_at")]
     baseline_at = [b.recorded_at for b in read_baselines(out / "baselines.jsonl").values() if b.recorded_at]
     return {"last_verdict_at_s": round(last - started, 1), "bests": len(bests),
