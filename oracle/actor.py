@@ -39,7 +39,8 @@ class OracleActor:
         self.build_slots = asyncio.Semaphore(build_slots)
         # candidates on the device at once: their checks overlap, their timing does not (oracle.device_lock);
         # re-timings wait while the oracle has candidates (oracle.device_slots)
-        self.device_slots = DeviceSlots(config.device_slots)
+        # and while none is, more torch.compile baselines are made at once
+        self.device_slots = DeviceSlots(config.device_slots, on_idle=self.oracle.references.search_idle)
         self.busy = {"building": 0, "timing": 0, "queued": 0}
         self._preparing: dict[str, asyncio.Future] = {}  # per task code: its reference made beside the first build
         # threads of their own: waiting for the reference process or the device, they would otherwise take

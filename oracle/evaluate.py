@@ -64,6 +64,8 @@ class OracleConfig:
     time_timeout_s: float = 300.0
     compile_timeout_s: float = 600.0
     compile_workers: int | None = None  # torch.compile baselines made at once (default: a quarter of the cores, 1-4)
+    # the same while the oracle has no candidate to build or judge (default: half the cores, up to 8)
+    compile_workers_idle: int | None = None
     cache_dir: Path | None = None
     threads: int | None = None  # torch threads in workers (default: every core, the same for candidate and baselines)
     precompiled_headers: bool = True  # build C++ halves against a precompiled torch/extension.h (oracle.pch)
@@ -194,7 +196,8 @@ class Oracle:
             wants_compile=c.wants_compile, call_timeout_s=c.call_timeout_s, time_timeout_s=c.time_timeout_s,
             compile_timeout_s=c.compile_timeout_s, budget_bytes=int(c.reference_memory * _device_memory(c.device)),
             float64_max_bytes=int(c.float64_max_mb * 1024**2),
-            compile_workers=c.compile_workers or max(1, min(4, (os.cpu_count() or 1) // 4)))
+            compile_workers=c.compile_workers or max(1, min(4, (os.cpu_count() or 1) // 4)),
+            compile_workers_idle=c.compile_workers_idle or max(1, min(8, (os.cpu_count() or 1) // 2)))
         self.references = References(settings, builds_root.parent / "baselines", alone=self.quiet.alone,
                                      shared=lambda: self.quiet.lock.shared(), register=self.quiet.running,
                                      reserve=compile_memory.reserve)

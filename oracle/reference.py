@@ -83,6 +83,31 @@ class ReferenceSettings:
     budget_bytes: int
     float64_max_bytes: int = 256 * 1024**2  # see OracleConfig.float64_max_mb
     compile_workers: int = 1  # torch.compile workers at once (each is CPU work; each also holds device memory)
+    compile_workers_idle: int = 1  # the same, while no candidate is in the oracle (`References.search_idle`)
+
+
+class WorkerLimit:
+    """At most `limit` holders at once, a limit that may change while some wait."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.held = 0
+        self._cond = threading.Condition()
+
+    def set_limit(self, limit: int) -> None:
+        with self._cond:
+            self.limit = max(1, limit)
+            self._cond.notify_all()
+
+    def acquire(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self.held < self.limit)
+            self.held += 1
+
+    def release(self) -> None:
+        with self._cond:
+            self.held -= 1
+            self._cond.notify_all()
 
 
 class ResidentBudget:
@@ -191,9 +216,16 @@ class References:
         self._known: dict[str, Reference] = {}
         self.peak_mb = 0.0  # the most device memory the reference process was seen to reserve (its replies say)
         self._resident = ResidentBudget(settings.budget_bytes)
-        self._compiles = threading.Semaphore(max(1, settings.compile_workers))
+        self._compiles = WorkerLimit(settings.compile_workers)
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+
+    def search_idle(self, idle: bool) -> None:
+        """More torch.compile workers at once while no candidate is being built or judged: the cores are
+        free then, and a run that has judged its candidates waits on their baselines (on an H200 the last 19
+        of 35 came one after another for 94 s after the last verdict, four at a time)."""
+        s = self.settings
+        self._compiles.set_limit(max(s.compile_workers, s.compile_workers_idle) if idle else s.compile_workers)
 
     def key(self, task: Task) -> str:
         s = self.settings
