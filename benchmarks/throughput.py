@@ -242,18 +242,23 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
 
 def tail(out: Path, judged: list[dict], started: float) -> dict:
     """What a run did after its last verdict: the re-timed best kernels (`best/`) and the torch.compile
-    baselines it still waited for, with when the last of each came (seconds from the start)."""
+    baselines it still waited for, with when the last of each came (seconds from the start), and how long
+    the re-timings waited for room among the kept references (p50 and most: on an H200 a level-1 task at
+    the dataset's sizes fills that share alone, so its re-timings go one at a time)."""
     from search.store import RunStore, read_baselines
 
     last = max((r.get("recorded_at") or started for r in judged), default=started)
     store = RunStore(out)  # the store's own reader of best/, without `open` (which writes)
     bests = [b for b in (store.best(t) for t in sorted({r["task"] for r in judged})) if b is not None]
     best_at = [b["retimed_at"] for b in bests if b.get("retimed_at")]
+    memory_waits = [(b.get("queued_s") or {}).get("reference_memory", 0.0) for b in bests]
     baseline_at = [b.recorded_at for b in read_baselines(out / "baselines.jsonl").values() if b.recorded_at]
     return {"last_verdict_at_s": round(last - started, 1), "bests": len(bests),
             "last_best_at_s": round(max(best_at) - started, 1) if best_at else None,
             "baselines_after_last_verdict": sum(t > last for t in baseline_at),
-            "last_baseline_at_s": round(max(baseline_at) - started, 1) if baseline_at else None}
+            "last_baseline_at_s": round(max(baseline_at) - started, 1) if baseline_at else None,
+            "best_reference_memory_wait_s": ([round(pct(memory_waits, 0.5), 1), round(max(memory_waits), 1)]
+                                             if memory_waits else None)}
 
 
 def on_device(judged: list[dict], started: float) -> dict:
