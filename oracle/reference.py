@@ -81,6 +81,7 @@ class ReferenceSettings:
     time_timeout_s: float
     compile_timeout_s: float
     budget_bytes: int
+    small_budget_bytes: int = 0  # the small room beside it (`ResidentBudget`)
     float64_max_bytes: int = 256 * 1024**2  # see OracleConfig.float64_max_mb
     compile_workers: int = 1  # torch.compile workers at once (each is CPU work; each also holds device memory)
     compile_workers_idle: int = 1  # the same, while no candidate is in the oracle (`References.search_idle`)
@@ -115,37 +116,81 @@ class ResidentBudget:
     process drops idle tasks (least recently used) to stay within its budget but never one in use, so
     candidates of many large tasks at once would hold them all: a candidate's task is pinned here first,
     and a task that does not fit beside the pinned ones waits (one alone always fits). Candidates of a
-    task already pinned join it at no cost."""
+    task already pinned join it at no cost.
 
-    def __init__(self, total_bytes: int) -> None:
-        self.total = total_bytes
-        self.used = 0
-        self._pins: dict[str, list[int]] = {}  # key -> [holders, bytes]
+    Beside that room, a small one (`small_bytes`) takes the tasks that fit in what is left of it, so that
+    the main room stays free for the large ones. A level-1 elementwise task at the dataset's size keeps more than the main room
+    alone (22.5 GiB against 21 GB on an H200): without the small room, every other task's candidates
+    waited while one was pinned, a GEMM epilogue's half a gigabyte included.
+
+    `pinned` waits in a thread; `try_pin` and `unpin` never wait, for a caller that waits its own way
+    (the oracle actor's event loop), told of released room through `on_release`."""
+
+    def __init__(self, total_bytes: int, small_bytes: int = 0) -> None:
+        self.total, self.small = total_bytes, small_bytes
+        self.used = 0  # in the main room
+        self.small_used = 0
+        self._pins: dict[str, _Pin] = {}
         self._cond = threading.Condition()
+        self._listeners: list[Callable[[], None]] = []
+
+    def try_pin(self, key: str, nbytes: int) -> bool:
+        """Pin `key` now if it is pinned already or fits; else False, and nothing is held."""
+        with self._cond:
+            return self._take(key, nbytes)
+
+    def _take(self, key: str, nbytes: int) -> bool:
+        pin = self._pins.get(key)
+        if pin is not None:
+            pin.holders += 1
+            return True
+        nbytes = min(max(0, nbytes), self.total)
+        if self.small and self.small_used + nbytes <= self.small:  # first: the main room stays for large tasks
+            self._pins[key] = _Pin(nbytes, small=True)
+            self.small_used += nbytes
+            return True
+        if not self.used or self.used + nbytes <= self.total:
+            self._pins[key] = _Pin(nbytes, small=False)
+            self.used += nbytes
+            return True
+        return False
+
+    def unpin(self, key: str) -> None:
+        with self._cond:
+            pin = self._pins[key]
+            pin.holders -= 1
+            if pin.holders:
+                return
+            del self._pins[key]
+            if pin.small:
+                self.small_used -= pin.nbytes
+            else:
+                self.used -= pin.nbytes
+            self._cond.notify_all()
+            listeners = list(self._listeners)
+        for told in listeners:
+            told()
+
+    def on_release(self, told: Callable[[], None]) -> None:
+        """`told()` (from the releasing thread) whenever a task's last holder leaves."""
+        with self._cond:
+            self._listeners.append(told)
 
     @contextlib.contextmanager
     def pinned(self, key: str, nbytes: int) -> Iterator[None]:
-        nbytes = min(max(0, nbytes), self.total)
         with self._cond:
-            while True:
-                if key in self._pins:
-                    self._pins[key][0] += 1
-                    break
-                if not self.used or self.used + nbytes <= self.total:
-                    self._pins[key] = [1, nbytes]
-                    self.used += nbytes
-                    break
-                self._cond.wait()
+            self._cond.wait_for(lambda: self._take(key, nbytes))
         try:
             yield
         finally:
-            with self._cond:
-                pin = self._pins[key]
-                pin[0] -= 1
-                if pin[0] == 0:
-                    self.used -= pin[1]
-                    del self._pins[key]
-                    self._cond.notify_all()
+            self.unpin(key)
+
+
+@dataclass
+class _Pin:
+    nbytes: int
+    small: bool  # in the small room
+    holders: int = 1
 
 
 class ReferenceProcess:
@@ -183,7 +228,7 @@ class ReferenceProcess:
             self._stop()
             s = self.settings
             self._worker = Worker(reference_server_entry, {"device": s.device, "threads": s.threads,
-                                                           "budget_bytes": s.budget_bytes})
+                                                           "budget_bytes": s.budget_bytes + s.small_budget_bytes})
             # An oracle dropped without close() (a test's, a script's) takes its reference process with it.
             self._finalizer = weakref.finalize(self, self._worker.close)
         return self._worker
@@ -215,7 +260,7 @@ class References:
         self._reserve = reserve  # device memory promised to a worker
         self._known: dict[str, Reference] = {}
         self.peak_mb = 0.0  # the most device memory the reference process was seen to reserve (its replies say)
-        self._resident = ResidentBudget(settings.budget_bytes)
+        self.resident = ResidentBudget(settings.budget_bytes, settings.small_budget_bytes)
         self._compiles = WorkerLimit(settings.compile_workers)
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -235,8 +280,12 @@ class References:
     def pinned(self, task: Task) -> ContextManager:
         """Hold the task in the reference process while a candidate of it is judged (see ResidentBudget);
         enter before `get`. Its size is what its last preparation reported, else a guess from its inputs."""
+        return self.resident.pinned(*self.room(task))
+
+    def room(self, task: Task) -> tuple[str, int]:
+        """The task's key and the bytes it keeps, as `ResidentBudget` pins them."""
         key = self.key(task)
-        return self._resident.pinned(key, self._kept_bytes(task, key))
+        return key, self._kept_bytes(task, key)
 
     def _kept_bytes(self, task: Task, key: str) -> int:
         """What the task keeps in the reference process: as its last preparation reported it, else a guess."""
