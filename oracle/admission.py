@@ -9,6 +9,7 @@ small tasks, built and with room to spare, waited behind them for a slot.
 - A re-timing asks for its slot first: it takes one only while the oracle has no candidate, and a pin
   held meanwhile would keep those very candidates from their room. With the slot it pins if its task
   fits now, and otherwise gives the slot back until room is released.
+- The room's main share is first come, first served (`ResidentBudget`), re-timings after candidates.
 
 The room's waiters wait on the event loop, woken (in the order they came) whenever a task's room is
 released by any thread.
@@ -46,9 +47,11 @@ class Admission:
         """A device slot with task `key` (keeping `nbytes`) pinned, for the block; `first_verdict`: False
         for a re-timing (see the module's docstring)."""
         waited = Waited()
-        with self._waiter() as released:
+        ticket = self.resident.ticket()  # its place in line for the main room (`ResidentBudget`)
+        pin = lambda: self.resident.try_pin(key, nbytes, ticket, first_verdict)  # noqa: E731
+        with self._waiter() as released, self._in_line(ticket):
             while True:
-                if first_verdict and self.resident.try_pin(key, nbytes):
+                if first_verdict and pin():
                     try:
                         t = time.perf_counter()
                         async with self.slots.held():
@@ -61,7 +64,7 @@ class Admission:
                     t = time.perf_counter()
                     async with self.slots.held(first_verdict=False):
                         waited.slot_s += time.perf_counter() - t
-                        if self.resident.try_pin(key, nbytes):
+                        if pin():
                             try:
                                 yield waited
                                 return
@@ -71,6 +74,13 @@ class Admission:
                 await released.wait()
                 released.clear()
                 waited.room_s += time.perf_counter() - t
+
+    @contextlib.contextmanager
+    def _in_line(self, ticket: int) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            self.resident.leave(ticket)  # cancelled while waiting: out of the line
 
     @contextlib.contextmanager
     def _waiter(self) -> Iterator[asyncio.Event]:

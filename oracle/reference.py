@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import re
 import threading
@@ -118,42 +119,80 @@ class ResidentBudget:
     and a task that does not fit beside the pinned ones waits (one alone always fits). Candidates of a
     task already pinned join it at no cost.
 
-    Beside that room, a small one (`small_bytes`) takes the tasks that fit in what is left of it, so that
-    the main room stays free for the large ones. A level-1 elementwise task at the dataset's size keeps more than the main room
-    alone (22.5 GiB against 21 GB on an H200): without the small room, every other task's candidates
-    waited while one was pinned, a GEMM epilogue's half a gigabyte included.
+    Beside that room, a small one (`small_bytes`) takes first the tasks that fit in what is left of it,
+    so that the main room stays for the large ones. A level-1 elementwise task at the dataset's size keeps
+    more than the main room alone (22.5 GiB against 21 GB on an H200): without the small room, every other
+    task's candidates waited while one was pinned, a GEMM epilogue's half a gigabyte included.
 
-    `pinned` waits in a thread; `try_pin` and `unpin` never wait, for a caller that waits its own way
-    (the oracle actor's event loop), told of released room through `on_release`."""
+    The main room is first come, first served: a waiter (its `ticket`) takes it only when no earlier one
+    waits for it, or a large task would wait for as long as smaller ones keep coming (an H200 run's level-1
+    candidates waited up to two minutes so). As with the device slots, a re-timing's ticket
+    (`first_verdict=False`) also yields to every candidate's, and never holds a candidate back.
+
+    `pinned` waits in a thread; `try_pin` never waits, for a caller that waits its own way (the oracle
+    actor's event loop), told of every change through `on_release`; it then calls `leave` with its ticket."""
 
     def __init__(self, total_bytes: int, small_bytes: int = 0) -> None:
         self.total, self.small = total_bytes, small_bytes
         self.used = 0  # in the main room
         self.small_used = 0
         self._pins: dict[str, _Pin] = {}
+        self._waiting: dict[int, bool] = {}  # ticket -> first verdict: waiting for the main room
+        self._tickets = itertools.count()
         self._cond = threading.Condition()
         self._listeners: list[Callable[[], None]] = []
 
-    def try_pin(self, key: str, nbytes: int) -> bool:
-        """Pin `key` now if it is pinned already or fits; else False, and nothing is held."""
+    def ticket(self) -> int:
         with self._cond:
-            return self._take(key, nbytes)
+            return next(self._tickets)
 
-    def _take(self, key: str, nbytes: int) -> bool:
+    def try_pin(self, key: str, nbytes: int, ticket: int | None = None, first_verdict: bool = True) -> bool:
+        """Pin `key` now if it is pinned already or fits (and no earlier `ticket` waits for the main room);
+        else False: nothing is held, and the ticket waits in line."""
+        with self._cond:
+            before = len(self._waiting)
+            taken = self._take(key, nbytes, ticket, first_verdict)
+            shorter = len(self._waiting) < before
+            if shorter:
+                self._cond.notify_all()  # a thread in `pinned` may be next in line now
+        if shorter:
+            self._tell()
+        return taken
+
+    def _take(self, key: str, nbytes: int, ticket: int | None, first_verdict: bool) -> bool:
         pin = self._pins.get(key)
+        nbytes = min(max(0, nbytes), self.total)
         if pin is not None:
             pin.holders += 1
-            return True
-        nbytes = min(max(0, nbytes), self.total)
-        if self.small and self.small_used + nbytes <= self.small:  # first: the main room stays for large tasks
-            self._pins[key] = _Pin(nbytes, small=True)
+        elif self.small and self.small_used + nbytes <= self.small:
+            self._pins[key] = pin = _Pin(nbytes, small=True)
             self.small_used += nbytes
-            return True
-        if not self.used or self.used + nbytes <= self.total:
-            self._pins[key] = _Pin(nbytes, small=False)
+        elif not self._ahead(ticket, first_verdict) and (not self.used or self.used + nbytes <= self.total):
+            self._pins[key] = pin = _Pin(nbytes, small=False)
             self.used += nbytes
-            return True
-        return False
+        if pin is None:
+            if ticket is not None:
+                self._waiting[ticket] = first_verdict
+            return False
+        if ticket is not None:
+            self._waiting.pop(ticket, None)
+        return True
+
+    def _ahead(self, ticket: int | None, first_verdict: bool) -> bool:
+        """Whether an earlier waiter has the main room first (a re-timing: also any candidate)."""
+        if ticket is None:
+            return any(first or not first_verdict for first in self._waiting.values())
+        return any(t != ticket and (t < ticket and (first or not first_verdict) or (first and not first_verdict))
+                   for t, first in self._waiting.items())
+
+    def leave(self, ticket: int) -> None:
+        """The ticket's holder no longer waits (pinned, or gone)."""
+        with self._cond:
+            left = self._waiting.pop(ticket, None) is not None
+            if left:
+                self._cond.notify_all()
+        if left:
+            self._tell()
 
     def unpin(self, key: str) -> None:
         with self._cond:
@@ -167,19 +206,29 @@ class ResidentBudget:
             else:
                 self.used -= pin.nbytes
             self._cond.notify_all()
+        self._tell()
+
+    def on_release(self, told: Callable[[], None]) -> None:
+        """`told()` (from the releasing thread) whenever a task's last holder leaves or the line moves."""
+        with self._cond:
+            self._listeners.append(told)
+
+    def _tell(self) -> None:
+        with self._cond:
             listeners = list(self._listeners)
         for told in listeners:
             told()
 
-    def on_release(self, told: Callable[[], None]) -> None:
-        """`told()` (from the releasing thread) whenever a task's last holder leaves."""
-        with self._cond:
-            self._listeners.append(told)
-
     @contextlib.contextmanager
     def pinned(self, key: str, nbytes: int) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: self._take(key, nbytes))
+        ticket = self.ticket()
+        try:
+            with self._cond:
+                self._cond.wait_for(lambda: self._take(key, nbytes, ticket, True))
+                self._cond.notify_all()  # the line moved: the next may fit beside
+        finally:
+            self.leave(ticket)
+        self._tell()
         try:
             yield
         finally:

@@ -60,10 +60,41 @@ def test_a_released_task_tells_the_listeners_and_wakes_a_thread_waiting_in_pinne
     thread.start()
     assert not entered.wait(0.2)
     budget.unpin("a")
+    assert told  # told in the releasing thread, before unpin returns
     assert entered.wait(10)
     thread.join(10)
-    assert told == ["released", "released"]  # a's release, then b's
-    assert budget.used == 0
+    assert budget.used == 0 and budget._waiting == {}
+
+
+def test_the_main_room_is_first_come_first_served_so_a_large_task_is_not_passed_for_ever():
+    budget = ResidentBudget(21 * GB, small_bytes=3 * GB)
+    assert budget.try_pin("conv a", 10 * GB)
+    large, conv = budget.ticket(), budget.ticket()
+    assert not budget.try_pin("level-1", 24 * GB, large)  # waits in line for the main room
+    assert not budget.try_pin("conv b", 10 * GB, conv)  # fits beside conv a, but the large task came first
+    assert budget.try_pin("gemm", GB // 2, budget.ticket())  # the small room is not in the line
+    budget.unpin("conv a")
+    assert not budget.try_pin("conv b", 10 * GB, conv)
+    assert budget.try_pin("level-1", 24 * GB, large)
+    budget.unpin("level-1")
+    assert budget.try_pin("conv b", 10 * GB, conv)
+
+
+def test_a_retiming_in_line_never_holds_a_candidate_back_and_yields_to_every_candidate():
+    budget = ResidentBudget(100)
+    assert budget.try_pin("held", 100)
+    retiming, candidate, later_retiming = budget.ticket(), budget.ticket(), budget.ticket()
+    assert not budget.try_pin("best", 100, retiming, first_verdict=False)
+    assert not budget.try_pin("new", 100, candidate)
+    budget.unpin("held")
+    assert not budget.try_pin("best", 100, retiming, first_verdict=False)  # a candidate waits: it goes first
+    assert budget.try_pin("new", 100, candidate)  # though the re-timing came earlier
+    budget.unpin("new")
+    assert not budget.try_pin("other best", 100, later_retiming, first_verdict=False)  # among re-timings, in order
+    assert budget.try_pin("best", 100, retiming, first_verdict=False)
+    budget.unpin("best")
+    budget.leave(later_retiming)  # gone while waiting: out of the line
+    assert budget._waiting == {} and budget.try_pin("x", 100, budget.ticket())
 
 
 async def _admitted(admission: Admission, key: str, nbytes: int, first_verdict: bool, inside: asyncio.Event,
@@ -139,7 +170,7 @@ def test_a_candidate_cancelled_while_it_waits_leaves_nothing_pinned_or_waiting()
                 task.cancel()
             await asyncio.gather(for_room, for_slot, return_exceptions=True)
             assert admission._waiters and len(admission._waiters) == 1  # only the holder's own
-        assert budget.used == 0 and slots.free == 1 and not admission._waiters
+        assert budget.used == 0 and slots.free == 1 and not admission._waiters and budget._waiting == {}
         async with admission.admitted("second", 100):  # the room and the slot are there for the next
             assert budget.used == 100
 

@@ -265,8 +265,8 @@ def test_a_check_that_waits_for_room_beside_other_tasks_references_says_so(cache
     budget, pin = o.references.resident, o.references.pinned
     held, asked, release = threading.Event(), threading.Event(), threading.Event()
 
-    def other_task() -> None:  # a candidate of a task that fills the whole budget, done 0.6 s after ours asks
-        with budget.pinned("another task", budget.total):
+    def other_task() -> None:  # candidates of tasks that fill the share and its small room, done 0.6 s after ours asks
+        with budget.pinned("another task", budget.total), budget.pinned("a small task", budget.small):
             held.set()
             asked.wait(30)
             time.sleep(0.6)
