@@ -115,8 +115,8 @@ class OracleActor:
         torch.compile speedup (see `with_compile_baseline`), except a re-timing's, and with the seconds it
         waited for its slots (`Verdict.queued_s`)."""
         quiet = self._quiet(asyncio.get_running_loop())
-        key, nbytes = self.oracle.references.room(task)
-        async with self.admission.admitted(key, nbytes, first_verdict=not fresh_baseline) as waited:
+        room = self.oracle.references.room(task)
+        async with self.admission.admitted(room, first_verdict=not fresh_baseline) as waited:
             self.busy["timing"] += 1
             try:  # the check's own pin joins the one held here
                 verdict = await asyncio.to_thread(self.oracle.check_and_time, task, candidate, build, quiet, fresh_baseline)

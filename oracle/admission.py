@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Iterator
 
 from oracle.device_slots import DeviceSlots
-from oracle.reference import ResidentBudget
+from oracle.reference import ResidentBudget, Room
 
 
 @dataclass
@@ -43,12 +43,13 @@ class Admission:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @contextlib.asynccontextmanager
-    async def admitted(self, key: str, nbytes: int, first_verdict: bool = True) -> AsyncIterator[Waited]:
-        """A device slot with task `key` (keeping `nbytes`) pinned, for the block; `first_verdict`: False
-        for a re-timing (see the module's docstring)."""
+    async def admitted(self, room: Room, first_verdict: bool = True) -> AsyncIterator[Waited]:
+        """A device slot with the task (its `room`) pinned, for the block; `first_verdict`: False for a
+        re-timing (see the module's docstring)."""
         waited = Waited()
+        key = room.key
         ticket = self.resident.ticket()  # its place in line for the main room (`ResidentBudget`)
-        pin = lambda: self.resident.try_pin(key, nbytes, ticket, first_verdict)  # noqa: E731
+        pin = lambda: self.resident.try_pin(key, room.kept_bytes, ticket, first_verdict, room.small)  # noqa: E731
         with self._waiter() as released, self._in_line(ticket):
             while True:
                 if first_verdict and pin():

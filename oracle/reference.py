@@ -124,6 +124,10 @@ class ResidentBudget:
     more than the main room alone (22.5 GiB against 21 GB on an H200): without the small room, every other
     task's candidates waited while one was pinned, a GEMM epilogue's half a gigabyte included.
 
+    Only tasks small in their whole footprint take the small room, not only in what they keep here: a
+    level-1 reduction keeps 2 MB of outputs but its candidate's worker holds several times its 4 GB of
+    inputs, and two such beside a level-1 elementwise task ran an H200 out of memory.
+
     The main room is first come, first served: a waiter (its `ticket`) takes it only when no earlier one
     waits for it, or a large task would wait for as long as smaller ones keep coming (an H200 run's level-1
     candidates waited up to two minutes so). As with the device slots, a re-timing's ticket
@@ -146,12 +150,14 @@ class ResidentBudget:
         with self._cond:
             return next(self._tickets)
 
-    def try_pin(self, key: str, nbytes: int, ticket: int | None = None, first_verdict: bool = True) -> bool:
+    def try_pin(self, key: str, nbytes: int, ticket: int | None = None, first_verdict: bool = True,
+                small: bool = True) -> bool:
         """Pin `key` now if it is pinned already or fits (and no earlier `ticket` waits for the main room);
-        else False: nothing is held, and the ticket waits in line."""
+        else False: nothing is held, and the ticket waits in line. `small`: the task may take the small room
+        (its whole footprint on the device is small, `Room.small`)."""
         with self._cond:
             before = len(self._waiting)
-            taken = self._take(key, nbytes, ticket, first_verdict)
+            taken = self._take(key, nbytes, ticket, first_verdict, small)
             shorter = len(self._waiting) < before
             if shorter:
                 self._cond.notify_all()  # a thread in `pinned` may be next in line now
@@ -159,12 +165,12 @@ class ResidentBudget:
             self._tell()
         return taken
 
-    def _take(self, key: str, nbytes: int, ticket: int | None, first_verdict: bool) -> bool:
+    def _take(self, key: str, nbytes: int, ticket: int | None, first_verdict: bool, small: bool = True) -> bool:
         pin = self._pins.get(key)
         nbytes = min(max(0, nbytes), self.total)
         if pin is not None:
             pin.holders += 1
-        elif self.small and self.small_used + nbytes <= self.small:
+        elif small and self.small and self.small_used + nbytes <= self.small:
             self._pins[key] = pin = _Pin(nbytes, small=True)
             self.small_used += nbytes
         elif not self._ahead(ticket, first_verdict) and (not self.used or self.used + nbytes <= self.total):
@@ -220,11 +226,11 @@ class ResidentBudget:
             told()
 
     @contextlib.contextmanager
-    def pinned(self, key: str, nbytes: int) -> Iterator[None]:
+    def pinned(self, key: str, nbytes: int, small: bool = True) -> Iterator[None]:
         ticket = self.ticket()
         try:
             with self._cond:
-                self._cond.wait_for(lambda: self._take(key, nbytes, ticket, True))
+                self._cond.wait_for(lambda: self._take(key, nbytes, ticket, True, small))
                 self._cond.notify_all()  # the line moved: the next may fit beside
         finally:
             self.leave(ticket)
@@ -233,6 +239,16 @@ class ResidentBudget:
             yield
         finally:
             self.unpin(key)
+
+
+@dataclass(frozen=True)
+class Room:
+    """A task as `ResidentBudget` pins it: its key, the bytes it keeps in the reference process, and
+    whether it may take the small room (what it needs on the device as a whole fits there)."""
+
+    key: str
+    kept_bytes: int
+    small: bool
 
 
 @dataclass
@@ -329,12 +345,26 @@ class References:
     def pinned(self, task: Task) -> ContextManager:
         """Hold the task in the reference process while a candidate of it is judged (see ResidentBudget);
         enter before `get`. Its size is what its last preparation reported, else a guess from its inputs."""
-        return self.resident.pinned(*self.room(task))
+        room = self.room(task)
+        return self.resident.pinned(room.key, room.kept_bytes, room.small)
 
-    def room(self, task: Task) -> tuple[str, int]:
-        """The task's key and the bytes it keeps, as `ResidentBudget` pins them."""
+    def room(self, task: Task) -> Room:
+        """The task as `ResidentBudget` pins it."""
         key = self.key(task)
-        return key, self._kept_bytes(task, key)
+        kept = self._kept_bytes(task, key)
+        return Room(key, kept, self._footprint(task, key, kept) <= self.resident.small)
+
+    def _footprint(self, task: Task, key: str, kept: int) -> int:
+        """What judging one candidate of the task needs on the device as a whole, about: what the reference
+        process keeps, and in the candidate's worker its inputs and outputs three times over (checks and
+        timing sets, the outputs kept for the reused-buffer check)."""
+        known = self._known.get(key)
+        if known is not None:
+            inputs, outputs = known.prepared.input_bytes, known.prepared.output_bytes
+        else:
+            inputs = int(task.input_mb * 1024**2)
+            outputs = int(task.output_mb * 1024**2) if task.output_mb else inputs
+        return kept + 3 * inputs + 3 * outputs
 
     def _kept_bytes(self, task: Task, key: str) -> int:
         """What the task keeps in the reference process: as its last preparation reported it, else a guess."""

@@ -8,7 +8,9 @@ import threading
 
 from oracle.admission import Admission
 from oracle.device_slots import DeviceSlots
-from oracle.reference import ResidentBudget
+from oracle.reference import References, ReferenceSettings, ResidentBudget, Room
+from oracle.timing import TimingParams
+from tasks.model import Task
 
 GB = 10**9
 
@@ -35,6 +37,45 @@ def test_small_tasks_take_the_small_room_first_so_a_large_one_still_finds_the_ma
     assert budget.used == 0 and budget.small_used == GB // 2
     assert budget.try_pin("level-1", 24 * GB)
     assert budget.try_pin("conv", 5 * GB) is False  # over the small room, and the main one is taken
+
+
+def test_a_task_large_in_its_whole_footprint_takes_the_main_room_though_it_keeps_little():
+    """A level-1 reduction keeps 2 MB here but its worker holds several times its 4 GB of inputs: in the small
+    room it would be judged beside a large task, and an H200 ran out of memory so."""
+    budget = ResidentBudget(21 * GB, small_bytes=3 * GB)
+    assert budget.try_pin("level-1 elementwise", 24 * GB)
+    assert not budget.try_pin("level-1 reduction", 2 * 10**6, small=False)  # the main room is taken: it waits
+    assert budget.try_pin("gemm", GB // 2, small=True)
+    budget.unpin("level-1 elementwise")
+    assert budget.try_pin("level-1 reduction", 2 * 10**6, small=False)
+    assert budget.used == 2 * 10**6 and budget.small_used == GB // 2
+
+
+def _references(tmp_path, small_bytes: int) -> References:
+    settings = ReferenceSettings(device="cpu", device_name="cpu", threads=1, check_seeds=(1, 2), extra_size_seed=3,
+                                 timing_seeds=(4, 5, 6), init_seed=0, timing=TimingParams(), wants_compile=False,
+                                 call_timeout_s=60, time_timeout_s=60, compile_timeout_s=60, budget_bytes=21 * GB,
+                                 small_budget_bytes=small_bytes)
+    return References(settings, tmp_path / "baselines", alone=None, shared=None, register=None)
+
+
+def _task(name: str, input_mb: float, output_mb: float) -> Task:
+    return Task(id=f"level1/{name}", level=1, problem_id=1, name=name, code=f"# {name}\n", origin="test",
+                input_mb=input_mb, output_mb=output_mb)
+
+
+def test_the_room_of_a_task_says_small_only_when_inputs_outputs_and_kept_references_fit_the_small_room(tmp_path):
+    refs = _references(tmp_path, small_bytes=3 * GB)
+    try:
+        reduction = refs.room(_task("reduction", input_mb=4096, output_mb=2))
+        epilogue = refs.room(_task("gemm_epilogue", input_mb=8, output_mb=16))
+        elementwise = refs.room(_task("relu", input_mb=3200, output_mb=3200))
+        assert reduction.kept_bytes < 100 * 1024**2 and not reduction.small  # keeps little, needs much
+        assert epilogue.small and not elementwise.small
+        assert reduction.key != epilogue.key != elementwise.key
+        assert not _references(tmp_path, small_bytes=0).room(_task("gemm_epilogue", 8, 16)).small  # no small room
+    finally:
+        refs.close()
 
 
 def test_without_a_small_room_the_budget_is_one_room_as_before():
@@ -99,7 +140,7 @@ def test_a_retiming_in_line_never_holds_a_candidate_back_and_yields_to_every_can
 
 async def _admitted(admission: Admission, key: str, nbytes: int, first_verdict: bool, inside: asyncio.Event,
                     leave: asyncio.Event, waited: list) -> None:
-    async with admission.admitted(key, nbytes, first_verdict=first_verdict) as w:
+    async with admission.admitted(Room(key, nbytes, small=True), first_verdict=first_verdict) as w:
         inside.set()
         await leave.wait()
     waited.append(w)
@@ -160,7 +201,7 @@ def test_a_candidate_cancelled_while_it_waits_leaves_nothing_pinned_or_waiting()
         slots = DeviceSlots(1)
         budget = ResidentBudget(100)
         admission = Admission(slots, budget)
-        async with admission.admitted("first", 100) as _:  # holds the room and the only slot
+        async with admission.admitted(Room("first", 100, small=True)) as _:  # holds the room and the only slot
             in_room, in_slot = asyncio.Event(), asyncio.Event()
             for_room = asyncio.create_task(_admitted(admission, "second", 100, True, in_room, asyncio.Event(), []))
             # a candidate of the same task joins the pin, then waits for the slot
@@ -171,7 +212,7 @@ def test_a_candidate_cancelled_while_it_waits_leaves_nothing_pinned_or_waiting()
             await asyncio.gather(for_room, for_slot, return_exceptions=True)
             assert admission._waiters and len(admission._waiters) == 1  # only the holder's own
         assert budget.used == 0 and slots.free == 1 and not admission._waiters and budget._waiting == {}
-        async with admission.admitted("second", 100):  # the room and the slot are there for the next
+        async with admission.admitted(Room("second", 100, small=True)):  # the room and the slot are there for the next
             assert budget.used == 100
 
     asyncio.run(main())
