@@ -18,7 +18,6 @@ from typing import Any
 
 import ray
 
-from oracle.admission import Admission
 from oracle.candidate import Candidate
 from oracle.device_slots import DeviceSlots
 from oracle.evaluate import Oracle, OracleConfig, not_measured
@@ -42,8 +41,6 @@ class OracleActor:
         # re-timings wait while the oracle has candidates (oracle.device_slots)
         # and while none is, more torch.compile baselines are made at once
         self.device_slots = DeviceSlots(config.device_slots, on_idle=self.oracle.references.search_idle)
-        # a slot is held only with the candidate's task pinned among the kept references
-        self.admission = Admission(self.device_slots, self.oracle.references.resident)
         self.busy = {"building": 0, "timing": 0, "queued": 0}
         self._preparing: dict[str, asyncio.Future] = {}  # per task code: its reference made beside the first build
         # threads of their own: waiting for the reference process or the device, they would otherwise take
@@ -110,21 +107,19 @@ class OracleActor:
 
     async def _checked_and_timed(self, task: Task, candidate: Candidate, build: Any,
                                  fresh_baseline: bool = False, queued: dict[str, float] | None = None) -> dict[str, Any]:
-        """The device slot, with the task pinned among the kept references (`oracle.admission`): checks run
-        with generation going on; only what is timed holds the gate. The verdict comes back without its
-        torch.compile speedup (see `with_compile_baseline`), except a re-timing's, and with the seconds it
-        waited for its slots (`Verdict.queued_s`)."""
+        """The device slot: checks run with generation going on; only what is timed holds the gate. The
+        verdict comes back without its torch.compile speedup (see `with_compile_baseline`), except a re-timing's,
+        and with the seconds it waited for its slots (`Verdict.queued_s`)."""
         quiet = self._quiet(asyncio.get_running_loop())
-        room = self.oracle.references.room(task)
-        async with self.admission.admitted(room, first_verdict=not fresh_baseline) as waited:
+        asked = time.perf_counter()
+        async with self.device_slots.held(first_verdict=not fresh_baseline):
+            waited = round(time.perf_counter() - asked, 4)
             self.busy["timing"] += 1
-            try:  # the check's own pin joins the one held here
+            try:
                 verdict = await asyncio.to_thread(self.oracle.check_and_time, task, candidate, build, quiet, fresh_baseline)
             finally:
                 self.busy["timing"] -= 1
-        room = waited.room_s + verdict.queued_s.get("reference_memory", 0.0)
-        verdict.queued_s = {**(queued or {}), "device": round(waited.slot_s, 4), **verdict.queued_s,
-                            "reference_memory": round(room, 4)}
+        verdict.queued_s = {**(queued or {}), "device": waited, **verdict.queued_s}
         if fresh_baseline:
             verdict = await self._with_compile(task, verdict)
         return verdict.to_json()

@@ -81,9 +81,6 @@ class OracleConfig:
     # H200 held a level-1 elementwise task (22.5 GiB kept) with small tasks beside it, but two comparisons
     # ran out of device memory and fell back to the host (35 s each), and fewer candidates were judged.
     reference_memory: float = 0.15
-    # and a small room beside it, for tasks that keep little while one large task fills that share (a GEMM
-    # epilogue keeps half a gigabyte; a level-1 elementwise task 22.5 GiB): `oracle.reference.ResidentBudget`
-    small_reference_memory: float = 0.025
     candidate_memory: float = 0.45  # share the candidates' workers may be promised at once
     # share the torch.compile workers may be promised at once: apart, so that baselines made in the
     # background never keep a candidate's checks waiting for memory
@@ -198,7 +195,6 @@ class Oracle:
             extra_size_seed=c.extra_size_seed, timing_seeds=c.timing_seeds, init_seed=c.init_seed, timing=c.timing,
             wants_compile=c.wants_compile, call_timeout_s=c.call_timeout_s, time_timeout_s=c.time_timeout_s,
             compile_timeout_s=c.compile_timeout_s, budget_bytes=int(c.reference_memory * _device_memory(c.device)),
-            small_budget_bytes=int(c.small_reference_memory * _device_memory(c.device)),
             float64_max_bytes=int(c.float64_max_mb * 1024**2),
             compile_workers=c.compile_workers or max(1, min(4, (os.cpu_count() or 1) // 4)),
             compile_workers_idle=c.compile_workers_idle or max(1, min(8, (os.cpu_count() or 1) // 2)))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import json
 import re
 import threading
@@ -82,7 +81,6 @@ class ReferenceSettings:
     time_timeout_s: float
     compile_timeout_s: float
     budget_bytes: int
-    small_budget_bytes: int = 0  # the small room beside it (`ResidentBudget`)
     float64_max_bytes: int = 256 * 1024**2  # see OracleConfig.float64_max_mb
     compile_workers: int = 1  # torch.compile workers at once (each is CPU work; each also holds device memory)
     compile_workers_idle: int = 1  # the same, while no candidate is in the oracle (`References.search_idle`)
@@ -117,145 +115,37 @@ class ResidentBudget:
     process drops idle tasks (least recently used) to stay within its budget but never one in use, so
     candidates of many large tasks at once would hold them all: a candidate's task is pinned here first,
     and a task that does not fit beside the pinned ones waits (one alone always fits). Candidates of a
-    task already pinned join it at no cost.
+    task already pinned join it at no cost."""
 
-    Beside that room, a small one (`small_bytes`) takes first the tasks that fit in what is left of it,
-    so that the main room stays for the large ones. A level-1 elementwise task at the dataset's size keeps
-    more than the main room alone (22.5 GiB against 21 GB on an H200): without the small room, every other
-    task's candidates waited while one was pinned, a GEMM epilogue's half a gigabyte included.
-
-    Only tasks small in their whole footprint take the small room, not only in what they keep here: a
-    level-1 reduction keeps 2 MB of outputs but its candidate's worker holds several times its 4 GB of
-    inputs, and two such beside a level-1 elementwise task ran an H200 out of memory.
-
-    The main room is first come, first served: a waiter (its `ticket`) takes it only when no earlier one
-    waits for it, or a large task would wait for as long as smaller ones keep coming (an H200 run's level-1
-    candidates waited up to two minutes so). As with the device slots, a re-timing's ticket
-    (`first_verdict=False`) also yields to every candidate's, and never holds a candidate back.
-
-    `pinned` waits in a thread; `try_pin` never waits, for a caller that waits its own way (the oracle
-    actor's event loop), told of every change through `on_release`; it then calls `leave` with its ticket."""
-
-    def __init__(self, total_bytes: int, small_bytes: int = 0) -> None:
-        self.total, self.small = total_bytes, small_bytes
-        self.used = 0  # in the main room
-        self.small_used = 0
-        self._pins: dict[str, _Pin] = {}
-        self._waiting: dict[int, bool] = {}  # ticket -> first verdict: waiting for the main room
-        self._tickets = itertools.count()
+    def __init__(self, total_bytes: int) -> None:
+        self.total = total_bytes
+        self.used = 0
+        self._pins: dict[str, list[int]] = {}  # key -> [holders, bytes]
         self._cond = threading.Condition()
-        self._listeners: list[Callable[[], None]] = []
-
-    def ticket(self) -> int:
-        with self._cond:
-            return next(self._tickets)
-
-    def try_pin(self, key: str, nbytes: int, ticket: int | None = None, first_verdict: bool = True,
-                small: bool = True) -> bool:
-        """Pin `key` now if it is pinned already or fits (and no earlier `ticket` waits for the main room);
-        else False: nothing is held, and the ticket waits in line. `small`: the task may take the small room
-        (its whole footprint on the device is small, `Room.small`)."""
-        with self._cond:
-            before = len(self._waiting)
-            taken = self._take(key, nbytes, ticket, first_verdict, small)
-            shorter = len(self._waiting) < before
-            if shorter:
-                self._cond.notify_all()  # a thread in `pinned` may be next in line now
-        if shorter:
-            self._tell()
-        return taken
-
-    def _take(self, key: str, nbytes: int, ticket: int | None, first_verdict: bool, small: bool = True) -> bool:
-        pin = self._pins.get(key)
-        nbytes = min(max(0, nbytes), self.total)
-        if pin is not None:
-            pin.holders += 1
-        elif small and self.small and self.small_used + nbytes <= self.small:
-            self._pins[key] = pin = _Pin(nbytes, small=True)
-            self.small_used += nbytes
-        elif not self._ahead(ticket, first_verdict) and (not self.used or self.used + nbytes <= self.total):
-            self._pins[key] = pin = _Pin(nbytes, small=False)
-            self.used += nbytes
-        if pin is None:
-            if ticket is not None:
-                self._waiting[ticket] = first_verdict
-            return False
-        if ticket is not None:
-            self._waiting.pop(ticket, None)
-        return True
-
-    def _ahead(self, ticket: int | None, first_verdict: bool) -> bool:
-        """Whether an earlier waiter has the main room first (a re-timing: also any candidate)."""
-        if ticket is None:
-            return any(first or not first_verdict for first in self._waiting.values())
-        return any(t != ticket and (t < ticket and (first or not first_verdict) or (first and not first_verdict))
-                   for t, first in self._waiting.items())
-
-    def leave(self, ticket: int) -> None:
-        """The ticket's holder no longer waits (pinned, or gone)."""
-        with self._cond:
-            left = self._waiting.pop(ticket, None) is not None
-            if left:
-                self._cond.notify_all()
-        if left:
-            self._tell()
-
-    def unpin(self, key: str) -> None:
-        with self._cond:
-            pin = self._pins[key]
-            pin.holders -= 1
-            if pin.holders:
-                return
-            del self._pins[key]
-            if pin.small:
-                self.small_used -= pin.nbytes
-            else:
-                self.used -= pin.nbytes
-            self._cond.notify_all()
-        self._tell()
-
-    def on_release(self, told: Callable[[], None]) -> None:
-        """`told()` (from the releasing thread) whenever a task's last holder leaves or the line moves."""
-        with self._cond:
-            self._listeners.append(told)
-
-    def _tell(self) -> None:
-        with self._cond:
-            listeners = list(self._listeners)
-        for told in listeners:
-            told()
 
     @contextlib.contextmanager
-    def pinned(self, key: str, nbytes: int, small: bool = True) -> Iterator[None]:
-        ticket = self.ticket()
-        try:
-            with self._cond:
-                self._cond.wait_for(lambda: self._take(key, nbytes, ticket, True, small))
-                self._cond.notify_all()  # the line moved: the next may fit beside
-        finally:
-            self.leave(ticket)
-        self._tell()
+    def pinned(self, key: str, nbytes: int) -> Iterator[None]:
+        nbytes = min(max(0, nbytes), self.total)
+        with self._cond:
+            while True:
+                if key in self._pins:
+                    self._pins[key][0] += 1
+                    break
+                if not self.used or self.used + nbytes <= self.total:
+                    self._pins[key] = [1, nbytes]
+                    self.used += nbytes
+                    break
+                self._cond.wait()
         try:
             yield
         finally:
-            self.unpin(key)
-
-
-@dataclass(frozen=True)
-class Room:
-    """A task as `ResidentBudget` pins it: its key, the bytes it keeps in the reference process, and
-    whether it may take the small room (what it needs on the device as a whole fits there)."""
-
-    key: str
-    kept_bytes: int
-    small: bool
-
-
-@dataclass
-class _Pin:
-    nbytes: int
-    small: bool  # in the small room
-    holders: int = 1
+            with self._cond:
+                pin = self._pins[key]
+                pin[0] -= 1
+                if pin[0] == 0:
+                    self.used -= pin[1]
+                    del self._pins[key]
+                    self._cond.notify_all()
 
 
 class ReferenceProcess:
@@ -293,7 +183,7 @@ class ReferenceProcess:
             self._stop()
             s = self.settings
             self._worker = Worker(reference_server_entry, {"device": s.device, "threads": s.threads,
-                                                           "budget_bytes": s.budget_bytes + s.small_budget_bytes})
+                                                           "budget_bytes": s.budget_bytes})
             # An oracle dropped without close() (a test's, a script's) takes its reference process with it.
             self._finalizer = weakref.finalize(self, self._worker.close)
         return self._worker
@@ -325,7 +215,7 @@ class References:
         self._reserve = reserve  # device memory promised to a worker
         self._known: dict[str, Reference] = {}
         self.peak_mb = 0.0  # the most device memory the reference process was seen to reserve (its replies say)
-        self.resident = ResidentBudget(settings.budget_bytes, settings.small_budget_bytes)
+        self._resident = ResidentBudget(settings.budget_bytes)
         self._compiles = WorkerLimit(settings.compile_workers)
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -345,26 +235,8 @@ class References:
     def pinned(self, task: Task) -> ContextManager:
         """Hold the task in the reference process while a candidate of it is judged (see ResidentBudget);
         enter before `get`. Its size is what its last preparation reported, else a guess from its inputs."""
-        room = self.room(task)
-        return self.resident.pinned(room.key, room.kept_bytes, room.small)
-
-    def room(self, task: Task) -> Room:
-        """The task as `ResidentBudget` pins it."""
         key = self.key(task)
-        kept = self._kept_bytes(task, key)
-        return Room(key, kept, self._footprint(task, key, kept) <= self.resident.small)
-
-    def _footprint(self, task: Task, key: str, kept: int) -> int:
-        """What judging one candidate of the task needs on the device as a whole, about: what the reference
-        process keeps, and in the candidate's worker its inputs and outputs three times over (checks and
-        timing sets, the outputs kept for the reused-buffer check)."""
-        known = self._known.get(key)
-        if known is not None:
-            inputs, outputs = known.prepared.input_bytes, known.prepared.output_bytes
-        else:
-            inputs = int(task.input_mb * 1024**2)
-            outputs = int(task.output_mb * 1024**2) if task.output_mb else inputs
-        return kept + 3 * inputs + 3 * outputs
+        return self._resident.pinned(key, self._kept_bytes(task, key))
 
     def _kept_bytes(self, task: Task, key: str) -> int:
         """What the task keeps in the reference process: as its last preparation reported it, else a guess."""

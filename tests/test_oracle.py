@@ -258,15 +258,15 @@ def test_a_check_that_waits_for_its_tasks_reference_says_so(cache, task, first_c
 
 def test_a_check_that_waits_for_room_beside_other_tasks_references_says_so(cache, task, first_correct, monkeypatch):
     """A candidate whose task does not fit in the reference process's memory beside the tasks of the
-    candidates being judged waits for them before its check (`oracle.reference.ResidentBudget`):
-    `queued_s["reference_memory"]` says how long, so a run shows where its slots went."""
+    candidates being judged waits for them before its check (`oracle.reference.ResidentBudget`), holding
+    its device slot: `queued_s["reference_memory"]` says how long, so a run shows where its slots went."""
     fast = TimingParams(warmup_calls=2, min_calls=5, max_calls=20, target_s=0.2, wall_calls=5)
     o = Oracle(OracleConfig(device="cpu", cache_dir=cache, timing=fast, call_timeout_s=20))
-    budget, pin = o.references.resident, o.references.pinned
+    budget, pin = o.references._resident, o.references.pinned
     held, asked, release = threading.Event(), threading.Event(), threading.Event()
 
-    def other_task() -> None:  # candidates of tasks that fill the share and its small room, done 0.6 s after ours asks
-        with budget.pinned("another task", budget.total), budget.pinned("a small task", budget.small):
+    def other_task() -> None:  # a candidate of a task that fills the whole budget, done 0.6 s after ours asks
+        with budget.pinned("another task", budget.total):
             held.set()
             asked.wait(30)
             time.sleep(0.6)
