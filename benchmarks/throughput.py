@@ -222,6 +222,10 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
     for r in judged:  # where a correct candidate's worker spent its time (samples.jsonl keeps the timing details)
         for k, v in ((r.get("timing") or {}).get("worker_phases") or {}).items():
             worker_phases.setdefault(re.sub(r"\d+", "N", k), []).append(v)
+    # the workers that held the most device memory: reserved against allocated (to tensors) and promised
+    memory = [{"task": r["task"], **(r.get("timing") or {}).get("worker_memory_mb", {})}
+              for r in judged if (r.get("timing") or {}).get("worker_memory_mb")]
+    worker_memory_top = sorted(memory, key=lambda m: -(m.get("peak") or 0))[:5]
     config = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
     # before the first build: the run's own start (tasks, Ray, engine), and when each oracle was ready
     startup = {**config.get("startup_s", {}),
@@ -236,6 +240,7 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
             "phases_p50": {k: pct(v, 0.5) for k, v in phases.items()}, "phases_sum": {k: sum(v) for k, v in phases.items()},
             "queued_p50": {k: pct(v, 0.5) for k, v in queued.items()}, "queued_p90": {k: pct(v, 0.9) for k, v in queued.items()},
             "worker_phases_p50": {k: pct(v, 0.5) for k, v in worker_phases.items()},
+            "worker_memory_top_mb": worker_memory_top,
             "build_p50_s": pct(builds, 0.5), "build_p90_s": pct(builds, 0.9), "how_built": how_built,
             "as_expected": sum(v["as_expected"] for v in verdicts), "verdicts": verdicts}
 
@@ -375,6 +380,11 @@ def main() -> None:
             print(f"oracle device: up {od['alive_s']:.0f} s, busy {od['busy_s']:.0f} s, alone {od['exclusive_s']:.0f} s: "
                   + ", ".join(f"{k} {v:.0f} s ({od['exclusive_times'].get(k, 0)}x)" for k, v in od["exclusive_by"].items())
                   + f"; slot phases {od['phases_s']}")
+            if od.get("reference_peaks"):  # the reference process's memory, by kind of request
+                print("reference process at most, reserved / allocated MB: " + ", ".join(
+                    f"{op} {p['reserved_mb']:.0f} / {p['allocated_mb']:.0f}" for op, p in od["reference_peaks"].items()))
+        for m in o.get("worker_memory_top_mb") or []:
+            print(f"worker memory MB, {m['task']}: peak {m.get('peak')}, allocated {m.get('allocated')}, promised {m.get('promised')}")
     if args.peer and report["peer"].get("candidates"):
         p = report["peer"]
         print(f"peer: {p['candidates']} candidates in {p['wall_s']:.0f} s = {p['per_min']:.2f} a minute "

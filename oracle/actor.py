@@ -169,6 +169,7 @@ class OracleActor:
         return {**self.busy, "device_busy_s": lock.busy_now(), "device_exclusive_s": lock.exclusive_s,
                 "device_phases_s": dict(self.oracle.device_s),
                 "reference_peak_mb": self.oracle.references.peak_mb, "device_waiting": self.device_slots.waiting,
+                "reference_peaks": {op: p.to_json() for op, p in self.oracle.references.process.peaks.items()},
                 "device_exclusive_by": {k: [round(t, 3), n] for k, (t, n) in lock.exclusive_by_now().items()},
                 "device_slots": self.oracle.config.device_slots, "build_s": self.build_s,
                 "alive_s": time.time() - self.started, "ready_at": self.started, "init_s": self.init_s,

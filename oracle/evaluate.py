@@ -479,6 +479,7 @@ class _CandidateRun:
         fields.setdefault("timing", {})["worker_phases"] = {k: round(v, 4) for k, v in self.worker.phases.items()}
         if result["timing"].get("peak_mb") is not None:  # held at most, against what `MemoryBudget` promised it
             fields["timing"]["worker_memory_mb"] = {"peak": result["timing"]["peak_mb"],
+                                                    "allocated": result["timing"].get("allocated_peak_mb"),
                                                     "promised": round(self.promised / 2**20)}
             self.oracle.worker_peaks.measured(self.reference.key, int(result["timing"]["peak_mb"]) * 2**20)
         passes = self._passes() if fields["status"] == "correct" else []

@@ -564,5 +564,6 @@ def _run_candidate(conn: Connection, job: CandidateJob, warming: threading.Threa
         if bad:
             return WorkerResult("rejected", bad)
     # what this worker held at most, to set beside what the oracle promised it (`oracle.evaluate`)
-    peak = {"peak_mb": round(torch.cuda.max_memory_reserved() / 2**20)} if device == "cuda" else {}
+    peak = {"peak_mb": round(torch.cuda.max_memory_reserved() / 2**20),
+            "allocated_peak_mb": round(torch.cuda.max_memory_allocated() / 2**20)} if device == "cuda" else {}
     return WorkerResult("timed", timing={**result.to_json(), **peak})

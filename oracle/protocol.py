@@ -230,4 +230,17 @@ class Compared(Record):
     seconds: float = 0.0
     passes: list[str] = field(default_factory=list)  # the policies these outputs pass
     errors: dict[str, Any] | None = None  # ErrorFigures.to_json()
-    peak_mb: float | None = None  # the reference process's most device memory reserved so far (a GPU only)
+
+
+@dataclass
+class MemoryPeak(Record):
+    """The most device memory one kind of request took in the reference process (a GPU only), in MiB:
+    reserved by the caching allocator, and allocated to tensors. Reserved past the process's share is what
+    can run the device out of memory beside the candidates' workers; reserved far past allocated is memory
+    the allocator kept, not tensors."""
+
+    reserved_mb: float = 0.0
+    allocated_mb: float = 0.0
+
+    def merged(self, other: "MemoryPeak") -> "MemoryPeak":
+        return MemoryPeak(max(self.reserved_mb, other.reserved_mb), max(self.allocated_mb, other.allocated_mb))

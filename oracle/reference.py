@@ -23,7 +23,7 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
-from oracle.protocol import Case, Compare, Compared, Prepared, PrepareTask, TimeEager
+from oracle.protocol import Case, Compare, Compared, MemoryPeak, Prepared, PrepareTask, TimeEager
 from oracle.reference_server import compile_entry, reference_server_entry
 from oracle.sandbox import PhaseTimeout, Worker, WorkerDied, run_to_result
 from oracle.timing import TimingParams
@@ -155,6 +155,7 @@ class ReferenceProcess:
         self.settings = settings
         self._lock = threading.Lock()
         self._worker: Worker | None = None
+        self.peaks: dict[str, MemoryPeak] = {}  # per kind of request, the most device memory one took (a GPU only)
 
     def request(self, op: str, args: dict[str, Any]) -> Any:
         with self._lock:
@@ -162,6 +163,9 @@ class ReferenceProcess:
             worker.send(op=op, args=args)
             try:
                 for message in worker.messages():
+                    if "peak" in message:
+                        peak = MemoryPeak.from_json(message["peak"])
+                        self.peaks[op] = self.peaks[op].merged(peak) if op in self.peaks else peak
                     if "reply" in message:
                         return message["reply"]
                     if "missing" in message:
@@ -214,11 +218,15 @@ class References:
         self._register = register  # a trusted worker that must be stopped while another times
         self._reserve = reserve  # device memory promised to a worker
         self._known: dict[str, Reference] = {}
-        self.peak_mb = 0.0  # the most device memory the reference process was seen to reserve (its replies say)
         self._resident = ResidentBudget(settings.budget_bytes)
         self._compiles = WorkerLimit(settings.compile_workers)
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+
+    @property
+    def peak_mb(self) -> float:
+        """The most device memory the reference process reserved in any request so far (a GPU only)."""
+        return max((p.reserved_mb for p in self.process.peaks.values()), default=0.0)
 
     def search_idle(self, idle: bool) -> None:
         """More torch.compile workers at once while no candidate is being built or judged: the cores are
@@ -421,10 +429,7 @@ class References:
     def compare(self, session: int, kind: str, index: int, tensors: list, share_dir: str | None,
                 policy: str = "kernelbench") -> Compared:
         """The outputs against the reference under every policy; `ok` and the message are `policy`'s."""
-        reply = Compared.from_json(self.process.request("compare", Compare(session, kind, index, tensors, share_dir, policy).to_json()))
-        if reply.peak_mb is not None:
-            self.peak_mb = max(self.peak_mb, reply.peak_mb)
-        return reply
+        return Compared.from_json(self.process.request("compare", Compare(session, kind, index, tensors, share_dir, policy).to_json()))
 
     def close_session(self, session: int) -> None:
         with contextlib.suppress(ReferenceError):

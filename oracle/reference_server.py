@@ -31,7 +31,7 @@ import torch
 from oracle import floor, timing
 from oracle.harness import _device_setup, _enter_worker, _flat_outputs, _profile_call, _reference_model, _seeded_inputs
 from oracle.judge import REUSED_OUTPUT, OutputsJudged, check_name, judge_outputs, timed_name, unchanged
-from oracle.protocol import Case, Compare, Compared, Prepared, PrepareTask, TimeEager, receive, send
+from oracle.protocol import Case, Compare, Compared, MemoryPeak, Prepared, PrepareTask, TimeEager, receive, send
 from oracle.shared_tensors import SharedTensor, ShareError, import_tensor
 from oracle.tolerance import POLICIES, Float64Scale
 from tasks.runtime import exec_task_code, one_line, task_constants
@@ -221,9 +221,8 @@ class ReferenceState:
         figures = judged.figures
         if figures is not None and ref.prepared.float64:
             figures.float64 = ref.prepared.float64
-        peak = round(torch.cuda.max_memory_reserved() / 2**20) if self.device == "cuda" else None
         return Compared(judged.problem is None, judged.problem or "", seconds=time.perf_counter() - started,
-                        passes=judged.passes, errors=figures.to_json() if figures is not None else None, peak_mb=peak)
+                        passes=judged.passes, errors=figures.to_json() if figures is not None else None)
 
 
 def _judged(outs: list[torch.Tensor | None], expected: list[torch.Tensor | None], where: str, policy: str,
@@ -326,6 +325,8 @@ def reference_server_entry(conn: Connection, job_dir: str) -> None:
         except (EOFError, OSError):
             return
         op, args = request.get("op"), request.get("args") or {}
+        if job["device"] == "cuda":
+            torch.cuda.reset_peak_memory_stats()  # each request's own peak (`MemoryPeak`)
         try:
             if op == "prepare":
                 reply: Any = state.prepare(PrepareTask.from_json(args), conn).to_json()
@@ -344,6 +345,9 @@ def reference_server_entry(conn: Connection, job_dir: str) -> None:
             answer = {"missing": str(exc)}
         except BaseException as exc:  # noqa: BLE001 - the task's own code failed: say so, keep serving
             answer = {"error": one_line(exc), "traceback": traceback.format_exc()[-2000:]}
+        if job["device"] == "cuda":
+            answer["peak"] = MemoryPeak(round(torch.cuda.max_memory_reserved() / 2**20),
+                                        round(torch.cuda.max_memory_allocated() / 2**20)).to_json()
         send(conn, phase="idle", deadline_s=10**9)  # first: the client's next request sets its own deadline
         send(conn, **answer)
 

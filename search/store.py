@@ -29,6 +29,7 @@ from typing import Any
 from oracle import judge
 from oracle.candidate import BACKENDS, Candidate
 from oracle.extract import extract_source
+from oracle.protocol import MemoryPeak
 from oracle.verdict import CANCELLED, SAMPLE_STATUSES, Verdict, is_judged
 from strategies.base import Attempt
 
@@ -264,6 +265,8 @@ class OracleDevice:
     exclusive_times: dict[str, int]
     phases_s: dict[str, float]
     reference_peak_mb: float = 0.0  # the most device memory its reference process reserved (a GPU only)
+    # by kind of request (prepare, time_eager, compare...): the most reserved and allocated, in MiB
+    reference_peaks: dict[str, MemoryPeak] = field(default_factory=dict)
 
     @classmethod
     def of(cls, stats: dict[str, Any]) -> "OracleDevice":
@@ -273,7 +276,7 @@ class OracleDevice:
                    round(float(stats.get("device_busy_s", 0.0)), 2), round(float(stats.get("device_exclusive_s", 0.0)), 2),
                    {k: round(float(v[0]), 2) for k, v in by.items()}, {k: int(v[1]) for k, v in by.items()},
                    {k: round(float(v), 2) for k, v in (stats.get("device_phases_s") or {}).items()},
-                   float(stats.get("reference_peak_mb") or 0.0))
+                   float(stats.get("reference_peak_mb") or 0.0), _peaks(stats.get("reference_peaks")))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -286,7 +289,12 @@ class OracleDevice:
         return cls(data.get("node"), float(data.get("alive_s", 0.0)), float(data.get("busy_s", 0.0)),
                    float(data.get("exclusive_s", 0.0)), numbers(data.get("exclusive_by")),
                    {str(k): int(v) for k, v in (data.get("exclusive_times") or {}).items()},
-                   numbers(data.get("phases_s")), float(data.get("reference_peak_mb") or 0.0))
+                   numbers(data.get("phases_s")), float(data.get("reference_peak_mb") or 0.0),
+                   _peaks(data.get("reference_peaks")))
+
+
+def _peaks(data: Any) -> dict[str, MemoryPeak]:
+    return {str(op): MemoryPeak.from_json(p) for op, p in (data or {}).items() if isinstance(p, dict)}
 
 
 def with_baseline(record: SampleRecord, baseline: CompileBaseline | None) -> SampleRecord:

@@ -132,8 +132,12 @@ def test_outputs_reach_the_trusted_side_in_device_memory(torch_oracle):
     assert right.device_s.get("checks", 0) > 0 and right.device_s.get("timing", 0) > 0
     # what the worker held at most, beside what the oracle promised it; and the reference process's peak
     memory = right.timing["worker_memory_mb"]
-    assert 0 < memory["peak"] and 0 < memory["promised"], memory
+    assert 0 < memory["allocated"] <= memory["peak"] and 0 < memory["promised"], memory
     assert torch_oracle.references.peak_mb > 0
+    peaks = torch_oracle.references.process.peaks  # by kind of request: the reference made, then compared with
+    assert {"prepare", "compare"} <= set(peaks), peaks
+    assert all(0 < p.allocated_mb <= p.reserved_mb for p in (peaks["prepare"], peaks["compare"])), peaks
+    assert torch_oracle.references.peak_mb == max(p.reserved_mb for p in peaks.values())
     wrong = torch_oracle.evaluate(relu, TORCH_RELU.format(expr="torch.relu(x) + 1e-2"))
     assert wrong.status == "incorrect" and "check 1 of" in wrong.message and "expected" in wrong.message, wrong.message
     assert "reference" not in wrong.device_s and "baselines" not in wrong.device_s

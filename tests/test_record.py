@@ -13,7 +13,8 @@ from oracle.candidate import Candidate
 from oracle.verdict import NOT_JUDGED, SAMPLE_STATUSES, STATUSES, WORKER_STATUSES, Verdict, is_judged
 from search.controller import Controller, SearchPlan
 from search.stop import StopRule
-from search.store import CompileBaseline, RunStore, SampleRecord, StoreError, read_samples
+from oracle.protocol import MemoryPeak
+from search.store import CompileBaseline, OracleDevice, RunStore, SampleRecord, StoreError, read_samples
 from strategies import make_strategy
 from tests.test_strategies import LEAKY, StubGenerator, StubPool, load
 
@@ -143,6 +144,22 @@ def test_a_torn_or_bad_baseline_line(tmp_path):
         f.write('{"task": 3}\n')
     with pytest.raises(StoreError, match="baselines.jsonl: line 2 is not a baseline record"):
         store.samples()
+
+
+def test_an_oracles_device_record_keeps_its_reference_process_memory_by_request():
+    """What the oracle actor's stats say of its reference process's memory reaches config.json and reads
+    back typed; a record written before the field existed reads back without it."""
+    stats = {"alive_s": 10.0, "device_busy_s": 8.0, "device_exclusive_s": 2.0, "device_exclusive_by": {"eager baseline": [2.0, 3]},
+             "device_phases_s": {"checks": 5.0}, "reference_peak_mb": 61000.0,
+             "reference_peaks": {"prepare": {"reserved_mb": 30000.0, "allocated_mb": 27000.0},
+                                 "time_eager": {"reserved_mb": 61000.0, "allocated_mb": 35000.0}}}
+    device = OracleDevice.of(stats)
+    assert device.reference_peaks["time_eager"] == MemoryPeak(61000.0, 35000.0)
+    back = OracleDevice.from_json(json.loads(json.dumps(device.to_json())))
+    assert back == device and back.reference_peak_mb == 61000.0
+    old = {k: v for k, v in device.to_json().items() if k != "reference_peaks"}
+    assert OracleDevice.from_json(old).reference_peaks == {}
+    assert MemoryPeak(1.0, 5.0).merged(MemoryPeak(3.0, 2.0)) == MemoryPeak(3.0, 5.0)
 
 
 def test_run_settings_to_and_from_config_json():
