@@ -105,6 +105,55 @@ def compare(out: object, ref: torch.Tensor, label: str = "output", policy: str =
 CLEAR_MARGIN = 0.99
 
 
+# The quick path walks large outputs in pieces of this many elements (256 MB of float32): its temporaries
+# then stay a few pieces' size, not several times a gigabyte output's, in the process that keeps references.
+CHUNK_ELEMENTS = 64 * 1024**2
+
+
+@dataclass
+class _ClearSums:
+    """What `_clear_pass` gathers piece by piece: peaks, and norms kept as Python floats (combined exactly
+    as sqrt of summed squares, in double precision)."""
+
+    max_diff: float = 0.0
+    max_rel: float = 0.0
+    worst_ratio: float = 0.0  # max |d| / (1 + |ref|)
+    ref_sq: float = 0.0  # of |ref|
+    diff_sq: float = 0.0
+    err_sq: float = 0.0  # numeric: of the error against float64
+    ref64_sq: float = 0.0
+    err_peak: float = 0.0
+    ref64_peak: float = 0.0
+
+    def add(self, out: torch.Tensor, ref: torch.Tensor, correction: torch.Tensor | None) -> bool:
+        """One piece; False when it holds a value that is not finite (the exact path decides)."""
+        wide = torch.promote_types(ref.dtype, torch.float32)
+        signed = out.to(wide) - ref.to(wide)
+        if not bool(torch.isfinite(signed).all()):  # NaN or inf in either (inf - inf, NaN - x are not finite)
+            return False
+        if correction is not None:
+            err = signed - correction.to(wide)
+            ref64 = ref.to(wide) + correction.to(wide)
+            if not (bool(torch.isfinite(err).all()) and bool(torch.isfinite(ref64).all())):
+                return False
+            self.ref64_sq += float(torch.linalg.vector_norm(ref64)) ** 2
+            self.ref64_peak = max(self.ref64_peak, float(ref64.abs().max()))
+            self.err_sq += float(torch.linalg.vector_norm(err)) ** 2
+            self.err_peak = max(self.err_peak, float(err.abs().max()))
+            del err, ref64
+        diff = signed.abs_()
+        abs_ref = ref.to(wide).abs()
+        self.max_diff = max(self.max_diff, float(diff.max()))
+        nonzero = abs_ref > 0
+        rel = diff / abs_ref  # inf or NaN where ref is 0: those are left out
+        self.max_rel = max(self.max_rel, float(rel.masked_fill_(~nonzero, 0).max()))
+        del rel, nonzero
+        self.ref_sq += float(torch.linalg.vector_norm(abs_ref)) ** 2
+        self.diff_sq += float(torch.linalg.vector_norm(diff)) ** 2
+        self.worst_ratio = max(self.worst_ratio, float(diff.div_(abs_ref.add_(1)).max()))  # in place: nothing kept
+        return True
+
+
 def _clear_pass(out: torch.Tensor, ref: torch.Tensor, correction: torch.Tensor | None = None,
                 scale: Float64Scale | None = None) -> Comparison | None:
     """The figures and verdicts of `compare` in a fraction of its passes over the tensors, for the common case
@@ -116,43 +165,33 @@ def _clear_pass(out: torch.Tensor, ref: torch.Tensor, correction: torch.Tensor |
     atol, rtol = TOLERANCES.get(ref.dtype, (1e-4, 1e-4))
     if atol != rtol or not out.numel():
         return None
-    wide = torch.promote_types(ref.dtype, torch.float32)
-    signed = out.to(wide) - ref.to(wide)
-    if not bool(torch.isfinite(signed).all()):  # NaN or inf in either (inf - inf, NaN - x are not finite)
-        return None
+    numeric = correction is not None and scale is not None
+    sums = _ClearSums()
+    flat_out, flat_ref = out.reshape(-1), ref.reshape(-1)
+    flat_corr = correction.reshape(-1) if numeric else None
+    for start in range(0, flat_ref.numel(), CHUNK_ELEMENTS):
+        piece = slice(start, start + CHUNK_ELEMENTS)
+        if not sums.add(flat_out[piece], flat_ref[piece], flat_corr[piece] if flat_corr is not None else None):
+            return None
     figures = ErrorFigures()
     over: dict[str, float] = {}
-    if correction is not None and scale is not None:
-        err = signed - correction.to(wide)
-        ref64 = ref.to(wide) + correction.to(wide)
-        if not (bool(torch.isfinite(err).all()) and bool(torch.isfinite(ref64).all())):
-            return None
-        ref_norm, ref_peak = float(torch.linalg.vector_norm(ref64)), float(ref64.abs().max())
-        err_norm, err_peak = float(torch.linalg.vector_norm(err)), float(err.abs().max())
-        del err, ref64
-        l2_bound, elem_bound = numeric_bounds(scale, ref_norm, ref_peak)
-        over["numeric"] = max(ratio(err_norm, l2_bound), ratio(err_peak, elem_bound))
+    if numeric:
+        ref_norm, err_norm = math.sqrt(sums.ref64_sq), math.sqrt(sums.err_sq)
+        l2_bound, elem_bound = numeric_bounds(scale, ref_norm, sums.ref64_peak)
+        over["numeric"] = max(ratio(err_norm, l2_bound), ratio(sums.err_peak, elem_bound))
         figures.rel_l2_64 = _bounded(err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else UNBOUNDED))
         figures.ref32_rel_l2_64 = scale.rel_l2
-    diff = signed.abs_()
-    abs_ref = ref.to(wide).abs()
-    max_diff = float(diff.max())
-    nonzero = abs_ref > 0
-    rel = diff / abs_ref  # inf or NaN where ref is 0: those are left out
-    max_rel = float(rel.masked_fill_(~nonzero, 0).max())
-    del rel, nonzero
-    ref_norm32, diff_norm = float(torch.linalg.vector_norm(abs_ref)), float(torch.linalg.vector_norm(diff))
-    worst_ratio = float(diff.div_(abs_ref.add_(1)).max())  # max |d| / (1 + |ref|), in place: nothing kept
-    over["kernelbench"] = worst_ratio / atol
-    over["kernelbench-v0.1"] = worst_ratio / V0_1_TOLERANCE
+    over["kernelbench"] = sums.worst_ratio / atol
+    over["kernelbench-v0.1"] = sums.worst_ratio / V0_1_TOLERANCE
+    ref_norm32 = math.sqrt(sums.ref_sq)
     if ref_norm32 > 0:
-        over["kernelbench"] = max(over["kernelbench"], diff_norm / ref_norm32 / MAX_RELATIVE_L2)
+        over["kernelbench"] = max(over["kernelbench"], math.sqrt(sums.diff_sq) / ref_norm32 / MAX_RELATIVE_L2)
     over.setdefault("numeric", over[FALLBACK_POLICY])  # no float64 reference: numeric judges as kernelbench
     if max(over.values()) > CLEAR_MARGIN:
         return None
-    figures.max_abs, figures.max_rel = _bounded(max_diff), _bounded(max_rel)
+    figures.max_abs, figures.max_rel = _bounded(sums.max_diff), _bounded(sums.max_rel)
     figures.over_bound = {name: _bounded(over[name]) for name in POLICIES}
-    return Comparison(True, "", max_diff, list(POLICIES), figures)
+    return Comparison(True, "", sums.max_diff, list(POLICIES), figures)
 
 
 def _bounded(x: float) -> float:

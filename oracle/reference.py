@@ -163,9 +163,9 @@ class ReferenceProcess:
             worker.send(op=op, args=args)
             try:
                 for message in worker.messages():
-                    if "peak" in message:
-                        peak = MemoryPeak.from_json(message["peak"])
-                        self.peaks[op] = self.peaks[op].merged(peak) if op in self.peaks else peak
+                    if "peak" in message:  # of this request, under its kind (`peak_of`: "compare wrong" too)
+                        peak, kind = MemoryPeak.from_json(message["peak"]), str(message.get("peak_of") or op)
+                        self.peaks[kind] = self.peaks[kind].merged(peak) if kind in self.peaks else peak
                     if "reply" in message:
                         return message["reply"]
                     if "missing" in message:

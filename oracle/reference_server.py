@@ -336,6 +336,8 @@ def reference_server_entry(conn: Connection, job_dir: str) -> None:
                 reply = state.open(str(args["key"]))
             elif op == "compare":
                 reply = state.compare(Compare.from_json(args)).to_json()
+                if not reply["ok"]:  # its own peak: wrong outputs take the full comparison, not the quick one
+                    op = "compare wrong"
             elif op == "close":
                 reply = state.close(int(args["session"]))
             else:
@@ -346,6 +348,7 @@ def reference_server_entry(conn: Connection, job_dir: str) -> None:
         except BaseException as exc:  # noqa: BLE001 - the task's own code failed: say so, keep serving
             answer = {"error": one_line(exc), "traceback": traceback.format_exc()[-2000:]}
         if job["device"] == "cuda":
+            answer["peak_of"] = op
             answer["peak"] = MemoryPeak(round(torch.cuda.max_memory_reserved() / 2**20),
                                         round(torch.cuda.max_memory_allocated() / 2**20)).to_json()
         send(conn, phase="idle", deadline_s=10**9)  # first: the client's next request sets its own deadline

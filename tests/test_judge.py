@@ -224,3 +224,34 @@ def test_outputs_near_or_over_a_bound_or_not_finite_take_the_exact_comparison(ca
         out = ref * 1.5
     assert _clear_pass(out, ref) is None
     assert compare(out, ref).passes == _exact(out, ref).passes
+
+
+@pytest.mark.parametrize("case", ["clear", "nan_in_last_piece", "over_bound_in_a_middle_piece"])
+def test_the_quick_comparison_in_pieces_gives_the_figures_of_the_whole(monkeypatch, case):
+    """Large outputs are compared piece by piece (bounded temporaries); peaks and norms combine to the same
+    figures as one pass, and a NaN or a bad value in any piece still sends the output to the exact path."""
+    from oracle import compare as module
+    from oracle.tolerance import Float64Scale
+
+    g = torch.Generator().manual_seed(11)
+    a, b = torch.randn(40, 256, generator=g), torch.randn(256, 50, generator=g)  # 2000 elements
+    ref = a @ b
+    ref64 = a.double() @ b.double()
+    correction = (ref64 - ref.double()).float()
+    scale = Float64Scale(float(torch.linalg.vector_norm(ref64 - ref.double()) / torch.linalg.vector_norm(ref64)),
+                         float((ref64 - ref.double()).abs().max() / ref64.abs().max()))
+    out = (a.double().flip(1) @ b.double().flip(0)).float().t().contiguous().t()  # column-major, as a kernel may give
+    if case == "nan_in_last_piece":
+        out[-1, -1] = float("nan")
+    elif case == "over_bound_in_a_middle_piece":
+        out[20, 25] += 1.0
+    whole = module._clear_pass(out, ref, correction, scale)
+    monkeypatch.setattr(module, "CHUNK_ELEMENTS", 300)  # seven pieces, the last one short
+    pieces = module._clear_pass(out, ref, correction, scale)
+    if case == "clear":
+        assert whole is not None and pieces is not None
+        _same_figures(pieces, whole)
+        _same_figures(pieces, _exact(out, ref, correction, scale))
+    else:
+        assert whole is None and pieces is None
+        assert not module.compare(out, ref, correction=correction, scale=scale).ok

@@ -141,6 +141,7 @@ def test_outputs_reach_the_trusted_side_in_device_memory(torch_oracle):
     wrong = torch_oracle.evaluate(relu, TORCH_RELU.format(expr="torch.relu(x) + 1e-2"))
     assert wrong.status == "incorrect" and "check 1 of" in wrong.message and "expected" in wrong.message, wrong.message
     assert "reference" not in wrong.device_s and "baselines" not in wrong.device_s
+    assert torch_oracle.references.process.peaks["compare wrong"].allocated_mb > 0  # its own kind of request
 
 
 def test_events_hold_a_calls_gpu_work_not_a_slow_hosts_gaps_between_its_launches():
