@@ -214,3 +214,14 @@ def test_a_cold_builds_first_kernel_compiles_both_halves_against_the_lite_header
         o.close()
     assert v.status == "correct", v.message
     assert v.build_header == "lite" and v.build_binding_header == "lite" and not v.build_pch and not v.build_cached
+
+
+def test_every_profiling_session_of_a_process_sees_a_one_kernel_calls_kernel():
+    """CUPTI loses the first kernel records of a process's later profiling sessions (`oracle.profiler_head`):
+    with the fillers in front, as the worker and the reference process profile, a one-kernel call is seen
+    in each of eight sessions of one fresh process, a second apart."""
+    from benchmarks.profiler_head import run_variant
+
+    rows = run_variant("fillers", rounds=8, idle_s=1.0)
+    assert isinstance(rows, list), rows
+    assert [r["call_kernels"] for r in rows] == [1] * 8, rows
