@@ -28,7 +28,7 @@ print(''.join(json.dumps({'task': t, 'completion': (c / t / 'correct.py').read_t
           --generator replay:$work/profiling.jsonl --strategy profiling -n 1 --device cuda --out $out/profiling-run > $out/profiling.log 2>&1" ;;
     fidelity) echo "KERNELSEARCH_PCH=$work/fidelity-cache/pch python3 benchmarks/fidelity.py ${FIDELITY_ARGS:-} --cache $work/fidelity-cache --out $out/fidelity.json > $out/fidelity.log 2>&1" ;;
     header) echo "python3 benchmarks/header_priority.py --cuda --busy ${HEADER_BUSY:-30} --repeats 1 --out $out/header.json > $out/header.log 2>&1" ;;
-    profiler) echo "python3 benchmarks/profiler_head.py --rounds ${PROFILER_ROUNDS:-8} --out $out/profiler.json > $out/profiler.log 2>&1" ;;
+    profiler) echo "python3 benchmarks/profiler_head.py --rounds ${PROFILER_ROUNDS:-4} --idle ${PROFILER_IDLE:-15} --out $out/profiler.json > $out/profiler.log 2>&1" ;;
     tolerance) echo "KERNELSEARCH_PCH=$work/tolerance-cache/pch python3 benchmarks/tolerance_table.py --source $data --cache $work/tolerance-cache --out $out/tolerance.json > $out/tolerance.log 2>&1" ;;
     *) return 1 ;;
   esac
