@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from oracle import floor, timing  # noqa: F401 - binds the clock and CUDA functions before any candidate code runs
-from oracle.build import BuildFailed, BuildRecord, install_build_hooks
 from oracle import profiler_head
+from oracle.build import BuildFailed, BuildRecord, install_build_hooks
 from oracle.cores import nice_own_group
 from oracle.protocol import BuildResult, CandidateJob, Case, Checked, OutputsReady, WorkerResult, receive, send
 from oracle.shared_tensors import export_tensor

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from oracle.candidate import Candidate
+from oracle.protocol import MemoryPeak
 from oracle.verdict import NOT_JUDGED, SAMPLE_STATUSES, STATUSES, WORKER_STATUSES, Verdict, is_judged
 from search.controller import Controller, SearchPlan
 from search.stop import StopRule
-from oracle.protocol import MemoryPeak
 from search.store import CompileBaseline, OracleDevice, RunStore, SampleRecord, StoreError, read_samples
 from strategies import make_strategy
 from tests.test_strategies import LEAKY, StubGenerator, StubPool, load
