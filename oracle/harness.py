@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from oracle import floor, timing  # noqa: F401 - binds the clock and CUDA functions before any candidate code runs
-from oracle import profiler_head
 from oracle.build import BuildFailed, BuildRecord, install_build_hooks
 from oracle.cores import nice_own_group
+from oracle import kernels_seen
 from oracle.protocol import BuildResult, CandidateJob, Case, Checked, OutputsReady, WorkerResult, receive, send
 from oracle.shared_tensors import export_tensor
 from tasks.runtime import TaskModule, exec_task_code, one_line, task_constants, tensors_in
@@ -195,8 +195,8 @@ def _flat_outputs(out: Any) -> list[Any]:
 def warm_profiler(device: str) -> threading.Thread:
     """Make the first use of what `_profile_call_timed` uses in the background: the first call under a
     dispatch mode (about 0.8 s: torch imports its machinery) and, on a GPU, the profiler's first start
-    (CUPTI loaded and set up). In a fresh worker process these would follow the checks; this way they
-    overlap the import and the checks. Join the thread before the profiled call."""
+    (CUPTI loaded and set up, some tens of ms). In a fresh worker process these would follow the checks;
+    this way they overlap the import and the checks. Join the thread before the profiled call."""
 
     def warm() -> None:
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -209,10 +209,7 @@ def warm_profiler(device: str) -> threading.Thread:
             with PassThrough():
                 torch.zeros(2).add_(1)  # a host tensor: no device work beside the checks
             if device == "cuda":
-                from torch.profiler import ProfilerActivity, profile
-
-                with profile(activities=[ProfilerActivity.CUDA]):
-                    profiler_head.session_started()  # a session all the same (`oracle.profiler_head`)
+                kernels_seen.start_once()
         except Exception:  # noqa: BLE001 - the profiled call meets the same fault and reports it
             pass
 
@@ -231,7 +228,7 @@ def _profile_call_timed(fn, inputs: list[Any], device: str) -> tuple[list[str], 
     kernels (ms; None on a CPU): against the timed median, how busy the GPU is during a call.
 
     Operators are caught at the dispatcher, so calls made from inside a C++ extension count too.
-    Kernel names come from the profiler, which is slow to start, so only on a GPU.
+    Kernel names come from one CUDA profiling session (`oracle.kernels_seen`), so only on a GPU.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -248,16 +245,9 @@ def _profile_call_timed(fn, inputs: list[Any], device: str) -> tuple[list[str], 
     kernels: set[str] = set()
     kernel_ms: float | None = None
     if device == "cuda":
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            profiler_head.lead_with_fillers()  # the session's first kernel records may be lost: not the call's
+        with kernels_seen.kernels_seen() as seen:  # led by fillers: a session's first kernel records may be lost
             fn(*inputs)
-            timing.sync(device)
-        on_gpu = [e for e in prof.events() if "cuda" in str(getattr(e, "device_type", "")).lower()
-                  and not profiler_head.is_filler(e.name)]
-        kernels = {e.name for e in on_gpu}
-        kernel_ms = sum(e.time_range.elapsed_us() for e in on_gpu) / 1e3
+        kernels, kernel_ms = seen.names, seen.gpu_ms
     return sorted(ops), sorted(kernels), kernel_ms
 
 

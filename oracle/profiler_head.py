@@ -32,6 +32,12 @@ def session_started() -> int:
         return _sessions
 
 
+def sessions() -> int:
+    """This process's profiling sessions so far."""
+    with _lock:
+        return _sessions
+
+
 def lead_with_fillers() -> int:
     """First thing inside a CUDA profiling session: count it, launch the fillers whose records may be lost
     in its place, and wait for them. How many were launched."""

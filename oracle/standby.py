@@ -1,8 +1,8 @@
 """Candidate workers started ahead of their candidates.
 
 A candidate's worker is a fresh process, and before its first check it pays for starting one: Python and
-torch imported, the device set up, and the first use of the profiled call's machinery (the CUDA
-profiler's first start took 3.7 s on an H200, against well under a second for six checks of a ReLU). A
+torch imported, the device set up, and the first use of the profiled call's machinery (a dispatch mode's
+first call, the CUDA profiler's first start). A
 `StandbyWorkers` keeps a few workers started that have done all that and wait, with no job, for their
 candidate (`oracle.harness.candidate_entry` on standby). A candidate takes one, gets its job and files,
 and a fresh one starts behind it. Each worker still judges one candidate only and is never reused; nothing

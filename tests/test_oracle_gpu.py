@@ -228,3 +228,33 @@ def test_the_fillers_lead_every_profiling_session_and_are_left_out_of_what_it_sa
     assert [r["call_kernels"] for r in rows] == [1] * 6, rows
     assert [r["fillers"] for r in rows] == [k + 1 + 2 for k in range(6)], rows
     assert all(r["filler_records"] <= r["fillers"] for r in rows), rows
+
+
+def test_a_session_through_the_bindings_sees_what_the_profiler_class_sees_and_starts_light(monkeypatch):
+    """`oracle.kernels_seen` drives Kineto's bindings: the same kernel names as through `torch.profiler`,
+    their GPU time, the fillers counted apart; and in a fresh process its first session imports none of
+    what the class's first session does (`torch._dynamo`: 3.6 s of every worker on an H200)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from oracle import kernels_seen
+
+    x = torch.randn(1 << 22, device="cuda")
+    torch.relu(x)
+    with kernels_seen.kernels_seen() as light:
+        torch.relu(x)
+    monkeypatch.setattr(kernels_seen, "BINDINGS", False)
+    with kernels_seen.kernels_seen() as through_class:
+        torch.relu(x)
+    assert light.names == through_class.names and len(light.names) == 1, (light, through_class)
+    assert light.gpu_ms > 0 and through_class.gpu_ms > 0
+    assert light.fillers >= 1 and through_class.fillers >= 1
+    code = ("import sys, torch; from oracle import kernels_seen; x = torch.ones(8, device='cuda'); "
+            "s = kernels_seen.kernels_seen(); seen = s.__enter__(); torch.relu(x); s.__exit__(None, None, None); "
+            "print(len(seen.names), 'torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["1", "False"], out.stdout
