@@ -48,15 +48,6 @@ def sample_seed(run_seed: int, task_id: str, round: int, chain: int) -> int:
     return int(digest[:8], 16)
 
 
-def in_flight_limit(plan: SearchPlan, pool: OraclePool) -> int:
-    """Candidates sent to the oracles at once. With early stop, no more than they can work on: queued work
-    waits in the driver, where a task that stops drops it unbuilt. Without, every candidate will be judged
-    anyway, and a build wave more may wait built for the device: on an H200 run whose device worked through
-    a backlog, the cores sat idle meanwhile and the last candidates were built only as earlier ones were
-    judged, 100 s into a 180 s run."""
-    return pool.capacity if plan.early_stop else pool.capacity + pool.builds_ahead
-
-
 @dataclass
 class TaskState:
     task: Task
@@ -125,7 +116,7 @@ class Controller:
         self.on_record = on_record or (lambda record: None)
         self.recorded: dict[tuple[str, int], SampleRecord] = {r.key: r for r in store.samples()}  # by slot
         self.baselines = store.baselines()  # by task, on resume
-        self.oracle_slots = asyncio.Semaphore(in_flight_limit(plan, pool))
+        self.oracle_slots = asyncio.Semaphore(pool.capacity)  # no more in flight than the oracles can work on
         # rounds of one chain build on each other; otherwise every sample starts afresh and is a chain of its own
         self.chained = not (strategy.shares_prompt(1) or plan.rounds == 1)
 

@@ -143,12 +143,6 @@ class OraclePool:
         return sum(o.build_slots + self.device_slots for o in self.oracles if not o.lost)
 
     @property
-    def builds_ahead(self) -> int:
-        """Built candidates the oracles may hold waiting for their device, beyond `capacity`: one build
-        wave, so that the cores go on building while the device works through what was built."""
-        return sum(o.build_slots for o in self.oracles if not o.lost)
-
-    @property
     def in_flight(self) -> list[int]:
         return [o.in_flight for o in self.oracles]
 

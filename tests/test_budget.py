@@ -540,7 +540,6 @@ class TimedStub:
 
 class NoOracle:
     capacity = 2
-    builds_ahead = 0
 
     async def evaluate(self, task, candidate, retime=False):
         raise AssertionError("no candidate has code")

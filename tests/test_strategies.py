@@ -302,7 +302,6 @@ class StubPool:
     """Looks like an OraclePool: verdicts from `judge(source)`, a fixed profile."""
 
     capacity = 4
-    builds_ahead = 0
 
     def __init__(self, judge):
         self.judge = judge
@@ -333,7 +332,6 @@ class SlowCompilePool(StubPool):
     been evaluated (or after 30 s): while the search waits for a baseline, the oracles must get more work."""
 
     capacity = 1
-    builds_ahead = 0
 
     def __init__(self):
         super().__init__(lambda source: ("correct", "", 1.0))
@@ -368,36 +366,6 @@ def test_waiting_for_the_compile_baseline_holds_no_oracle_slot(tmp_path):
     assert len(set(pool.evaluated)) == 2 and pool.starved == 0
     assert sorted(r.status for r in rows) == ["correct", "correct"]
     assert all(r.verdict.compile_ms == 2.0 for r in rows)
-
-
-class CountingPool(StubPool):
-    """Two candidates at once (`capacity`) plus three built ahead; counts how many are in flight at most."""
-
-    capacity = 2
-    builds_ahead = 3
-
-    def __init__(self):
-        super().__init__(lambda source: ("incorrect", "wrong", None))
-        self.inside = self.most = 0
-
-    async def evaluate(self, task, candidate, retime=False) -> Verdict:
-        self.inside += 1
-        self.most = max(self.most, self.inside)
-        await asyncio.sleep(0.2)  # every other sample reaches the driver meanwhile
-        self.inside -= 1
-        return await super().evaluate(task, candidate, retime)
-
-
-@pytest.mark.parametrize("early_stop, most", [(True, 2), (False, 5)])
-def test_without_early_stop_a_build_wave_more_goes_to_the_oracles(tmp_path, early_stop, most):
-    """With early stop, candidates wait in the driver until an oracle can work on them (a task that stops
-    drops them unbuilt); without, every candidate will be judged, and a build wave more is sent ahead."""
-    code = lambda request, i: f"```python\nimport torch\n# sample {i}\nclass ModelNew(torch.nn.Module): pass\n```"  # noqa: E731
-    pool = CountingPool()
-    rows = run_controller(tmp_path, make_strategy("zero-shot", "cuda"), StubGenerator(code), pool,
-                          SearchPlan(n=8, rounds=1, seed=3, max_tokens=64, early_stop=early_stop), load(GEMM))
-    assert len(rows) == 8 and all(r.status == "incorrect" for r in rows)
-    assert pool.most == most
 
 
 class PeekingCompilePool(StubPool):
