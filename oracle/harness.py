@@ -23,10 +23,9 @@ from typing import Any
 
 import torch
 
-from oracle import floor, timing  # noqa: F401 - binds the clock and CUDA functions before any candidate code runs
+from oracle import floor, kernels_seen, timing  # noqa: F401 - binds the clock and CUDA functions before any candidate code runs
 from oracle.build import BuildFailed, BuildRecord, install_build_hooks
 from oracle.cores import nice_own_group
-from oracle import kernels_seen
 from oracle.protocol import BuildResult, CandidateJob, Case, Checked, OutputsReady, WorkerResult, receive, send
 from oracle.shared_tensors import export_tensor
 from tasks.runtime import TaskModule, exec_task_code, one_line, task_constants, tensors_in
