@@ -111,8 +111,10 @@ def own_kernel_problem(backend: str, source: str, checked: Checked, reference_op
     if backend == "cuda":
         names = set(re.findall(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\([^)]*\)\s+)?(?:void\s+)?(\w+)", source))
         if names and not any(n in k for k in checked.kernels for n in names):
+            seen = ", ".join(k[:60] for k in sorted(checked.kernels)[:3]) + (", ..." if len(checked.kernels) > 3 else "")
             return ("none of the candidate's __global__ kernels ran on the GPU "
-                    f"({', '.join(sorted(names))}); its extension only called PyTorch operators")
+                    f"({', '.join(sorted(names))}); its extension only called PyTorch operators "
+                    f"(the profiled call ran {len(checked.kernels)} kernels{': ' + seen if seen else ''})")
     replaced = {op for op in reference_ops if op not in NON_COMPUTE_OPS}
     if replaced and replaced <= set(checked.ops):
         return ("the candidate still calls every PyTorch operator of the reference "

@@ -37,7 +37,9 @@ def test_a_later_call_changing_an_earlier_output_is_caught():
 
 def test_own_kernel_rules():
     source = "__global__ void relu_kernel(float* x) {}"
-    assert judge.own_kernel_problem("cuda", source, checked(), ["aten::relu"]) is not None  # k_relu is not relu_kernel
+    other = judge.own_kernel_problem("cuda", source, checked(), ["aten::relu"])  # k_relu is not relu_kernel
+    assert other is not None and "(the profiled call ran 1 kernels: k_relu)" in other
+    assert "(the profiled call ran 0 kernels)" in judge.own_kernel_problem("cuda", source, checked(kernels=[]), [])
     assert judge.own_kernel_problem("cuda", source, checked(kernels=["void relu_kernel(float*)"]), ["aten::relu"]) is None
     assert "never called" in judge.own_kernel_problem("cpp", "", checked(own_calls=0), ["aten::relu"])
     fallback = judge.own_kernel_problem("cpp", "", checked(ops=["aten::relu", "aten::mul"]), ["aten::relu", "aten::mul"])
@@ -255,3 +257,32 @@ def test_the_quick_comparison_in_pieces_gives_the_figures_of_the_whole(monkeypat
     else:
         assert whole is None and pieces is None
         assert not module.compare(out, ref, correction=correction, scale=scale).ok
+
+
+def test_a_profiled_call_that_recorded_no_kernel_is_profiled_again(monkeypatch):
+    """A CUDA session that recorded nothing is not taken as the candidate running no kernel: the call is
+    profiled again (up to `PROFILE_TRIES` sessions), and the first session that saw kernels is the answer."""
+    import contextlib
+
+    from oracle import harness, kernels_seen
+
+    answers = [set(), set(), {"void relu_kernel(float*)"}]
+    sessions = []
+
+    @contextlib.contextmanager
+    def session():
+        seen = kernels_seen.Seen()
+        yield seen
+        seen.names = answers[len(sessions)]
+        sessions.append(seen)
+
+    monkeypatch.setattr(harness.timing, "sync", lambda device: None)
+    monkeypatch.setattr(kernels_seen, "kernels_seen", session)
+    calls = []
+    ops, kernels, _ = harness._profile_call_timed(lambda x: calls.append(x) or x.relu(), [torch.ones(2)], "cuda")
+    assert kernels == ["void relu_kernel(float*)"] and len(sessions) == 3 and len(calls) == 4
+    assert ops == ["aten::relu"]
+    answers[:] = [set()] * harness.PROFILE_TRIES
+    sessions.clear()
+    assert harness._profile_call_timed(lambda x: x.relu(), [torch.ones(2)], "cuda")[1] == []
+    assert len(sessions) == harness.PROFILE_TRIES  # and no more: a call that truly launches nothing is not retried forever
