@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 
@@ -66,38 +67,11 @@ def compare(out: object, ref: torch.Tensor, label: str = "output", policy: str =
     if out.dtype != ref.dtype:
         return Comparison(False, f"{label} has dtype {out.dtype}, expected {ref.dtype}")
     if not ref.is_floating_point():
-        bad = (out != ref).flatten()
-        if not bad.any():
-            return Comparison(True, "", passes=list(POLICIES), figures=ErrorFigures())
-        wrong = _mismatch_message(out, ref, bad, label, "exact match required")
-        return Comparison(False, wrong.message, figures=ErrorFigures(
-            max_abs=float((out.double() - ref.double()).abs().max()), max_rel=UNBOUNDED,
-            over_bound={p: UNBOUNDED for p in POLICIES}))
+        return _exact_integers(out, ref, label)
     quick = _clear_pass(out, ref, correction, scale)
     if quick is not None:
         return quick
-    wide = torch.promote_types(ref.dtype, torch.float32)
-    finite = torch.isfinite(ref) & torch.isfinite(out)
-    diff = torch.where(finite, (out.to(wide) - ref.to(wide)).abs(), 0)
-    abs_ref = torch.where(finite, ref.to(wide).abs(), 0)  # once, for every policy's bound
-    max_diff = float(diff.max()) if diff.numel() else 0.0
-    nonzero = abs_ref > 0
-    max_rel = float(torch.where(nonzero, diff / abs_ref, 0).max()) if nonzero.any() else 0.0
-    atol, rtol = TOLERANCES.get(ref.dtype, (1e-4, 1e-4))
-    outcomes = {"kernelbench": _elementwise(out, ref, diff, abs_ref, atol, rtol, label, l2_guard=True),
-                "kernelbench-v0.1": _elementwise(out, ref, diff, abs_ref, V0_1_TOLERANCE, V0_1_TOLERANCE, label,
-                                                 l2_guard=False)}
-    figures = ErrorFigures(max_abs=_bounded(max_diff), max_rel=_bounded(max_rel))
-    if correction is not None and scale is not None:
-        outcomes["numeric"], rel = _numeric(out, ref, correction, scale, finite, label)
-        figures.rel_l2_64 = _bounded(rel)
-        figures.ref32_rel_l2_64 = scale.rel_l2
-    else:
-        outcomes["numeric"] = outcomes[FALLBACK_POLICY]
-    figures.over_bound = {name: _bounded(o.over_bound) for name, o in outcomes.items()}
-    passes = [name for name in POLICIES if outcomes[name].ok]
-    chosen = outcomes[policy]
-    return Comparison(chosen.ok, chosen.message, max_diff, passes, figures)
+    return _exact(out, ref, label, policy, correction, scale)
 
 
 # The quick path decides a policy only with this much room under its bound: `torch.isclose` computes the
@@ -199,22 +173,132 @@ def _bounded(x: float) -> float:
     return x if math.isfinite(x) and x < UNBOUNDED else UNBOUNDED
 
 
-def _elementwise(out, ref, diff, abs_ref, atol: float, rtol: float, label: str, l2_guard: bool) -> _Outcome:
+# The exact path walks outputs in smaller pieces (16M elements: 128 MB of float64): it keeps a few float64
+# temporaries of a piece at once, where over whole tensors a 1 GB wrong output took 27 GB of device memory.
+EXACT_CHUNK_ELEMENTS = 16 * 1024**2
+
+
+def _pieces(*tensors: torch.Tensor | None, size: int | None = None) -> Iterator[tuple[int, list]]:
+    """(offset, [the same flat slice of each tensor]) over tensors of one shape; None stays None."""
+    size = size or EXACT_CHUNK_ELEMENTS
+    flat = [t.reshape(-1) if t is not None else None for t in tensors]
+    total = next(f for f in flat if f is not None).numel()
+    for start in range(0, total, size):
+        yield start, [f[start:start + size] if f is not None else None for f in flat]
+
+
+@dataclass
+class _Mismatches:
+    """Wrong elements gathered piece by piece: how many, and the first few flat positions."""
+
+    count: int = 0
+    first: list[int] = field(default_factory=list)
+
+    def add(self, bad: torch.Tensor, offset: int) -> None:
+        n = int(bad.sum())
+        if not n:
+            return
+        self.count += n
+        if len(self.first) < SHOWN_MISMATCHES:
+            positions = bad.nonzero().flatten()[:SHOWN_MISMATCHES - len(self.first)]
+            self.first.extend(int(p) + offset for p in positions.tolist())
+
+
+@dataclass
+class _ExactSums:
+    """What the exact path gathers over the pieces of one floating-point output (every figure `compare`
+    reports, for every policy); the `numeric` policy's elementwise count needs its bound, which needs the
+    norms, so it takes a second walk (`numeric_mismatches`)."""
+
+    atol: float
+    rtol: float
+    max_diff: float = 0.0
+    max_rel: float = 0.0
+    diff_sq: float = 0.0
+    ref_sq: float = 0.0
+    worst: dict[str, float] = field(default_factory=lambda: {"kernelbench": 0.0, "kernelbench-v0.1": 0.0})
+    wrong: dict[str, _Mismatches] = field(default_factory=lambda: {"kernelbench": _Mismatches(),
+                                                                    "kernelbench-v0.1": _Mismatches()})
+    misplaced: _Mismatches = field(default_factory=_Mismatches)  # NaN / inf not where the reference has them
+    nan_out: int = 0
+    nan_ref: bool = False
+    ref64_sq: float = 0.0
+    ref64_peak: float = 0.0
+    err_sq: float = 0.0
+    err_peak: float = 0.0
+
+    def tolerances(self) -> dict[str, tuple[float, float]]:
+        return {"kernelbench": (self.atol, self.rtol), "kernelbench-v0.1": (V0_1_TOLERANCE, V0_1_TOLERANCE)}
+
+    def add(self, offset: int, out: torch.Tensor, ref: torch.Tensor, correction: torch.Tensor | None) -> None:
+        wide = torch.promote_types(ref.dtype, torch.float32)
+        finite = torch.isfinite(ref) & torch.isfinite(out)
+        diff = torch.where(finite, (out.to(wide) - ref.to(wide)).abs(), 0)
+        abs_ref = torch.where(finite, ref.to(wide).abs(), 0)
+        if diff.numel():
+            self.max_diff = max(self.max_diff, float(diff.max()))
+        nonzero = abs_ref > 0
+        if nonzero.any():
+            self.max_rel = max(self.max_rel, float(torch.where(nonzero, diff / abs_ref, 0).max()))
+        del nonzero
+        self.diff_sq += float(torch.linalg.vector_norm(diff)) ** 2
+        self.ref_sq += float(torch.linalg.vector_norm(abs_ref)) ** 2
+        for name, (atol, rtol) in self.tolerances().items():
+            self.wrong[name].add(~torch.isclose(out, ref, rtol=rtol, atol=atol, equal_nan=True), offset)
+            if diff.numel():
+                self.worst[name] = max(self.worst[name], float((diff / (atol + rtol * abs_ref)).max()))
+        del diff, abs_ref
+        same = torch.where(torch.isfinite(ref), torch.isfinite(out), (out == ref) | (torch.isnan(out) & torch.isnan(ref)))
+        self.misplaced.add(~same, offset)
+        del same
+        self.nan_out += int(torch.isnan(out).sum())
+        self.nan_ref = self.nan_ref or bool(torch.isnan(ref).any())
+        if correction is not None:
+            ref64 = torch.where(finite, ref.double() + correction.double(), 0)
+            err = torch.where(finite, out.double() - ref64, 0)
+            self.ref64_sq += float(torch.linalg.vector_norm(ref64)) ** 2
+            self.err_sq += float(torch.linalg.vector_norm(err)) ** 2
+            if err.numel():
+                self.ref64_peak = max(self.ref64_peak, float(ref64.abs().max()))
+                self.err_peak = max(self.err_peak, float(err.abs().max()))
+
+
+def _exact(out: torch.Tensor, ref: torch.Tensor, label: str, policy: str, correction: torch.Tensor | None,
+           scale: Float64Scale | None) -> Comparison:
+    """Every policy's verdict and figures for a floating-point output the quick path left undecided."""
+    atol, rtol = TOLERANCES.get(ref.dtype, (1e-4, 1e-4))
+    sums = _ExactSums(atol, rtol)
+    for offset, (o, r, c) in _pieces(out, ref, correction if scale is not None else None):
+        sums.add(offset, o, r, c)
+    outcomes = {name: _elementwise(sums, name, out, ref, label) for name in sums.tolerances()}
+    figures = ErrorFigures(max_abs=_bounded(sums.max_diff), max_rel=_bounded(sums.max_rel))
+    if correction is not None and scale is not None:
+        outcomes["numeric"], rel = _numeric(sums, out, ref, correction, scale, label)
+        figures.rel_l2_64 = _bounded(rel)
+        figures.ref32_rel_l2_64 = scale.rel_l2
+    else:
+        outcomes["numeric"] = outcomes[FALLBACK_POLICY]
+    figures.over_bound = {name: _bounded(o.over_bound) for name, o in outcomes.items()}
+    passes = [name for name in POLICIES if outcomes[name].ok]
+    chosen = outcomes[policy]
+    return Comparison(chosen.ok, chosen.message, sums.max_diff, passes, figures)
+
+
+def _elementwise(sums: _ExactSums, name: str, out: torch.Tensor, ref: torch.Tensor, label: str) -> _Outcome:
     """|out - ref| <= atol + rtol * |ref| (torch.isclose, in the output's dtype: the decision KernelBench
-    makes), NaN and inf where the reference has them, and optionally the relative L2 guard."""
-    good = torch.isclose(out, ref, rtol=rtol, atol=atol, equal_nan=True)
-    bad = ~good.flatten()
-    bound = atol + rtol * abs_ref
-    worst = float((diff / bound).max()) if diff.numel() else 0.0
-    if bad.any():
-        wrong = _mismatch_message(out, ref, bad, label, f"atol={atol:g}, rtol={rtol:g}", float(diff.max()))
-        over = UNBOUNDED if _misplaced(out, ref) else max(worst, math.nextafter(1.0, 2.0))
-        return _Outcome(False, over, wrong.message)
-    if not l2_guard:
+    makes), NaN and inf where the reference has them, and for `kernelbench` the relative L2 guard."""
+    atol, rtol = sums.tolerances()[name]
+    worst = sums.worst[name]
+    wrong = sums.wrong[name]
+    if wrong.count:
+        message = _mismatch_message(out, ref, wrong, sums, label, f"atol={atol:g}, rtol={rtol:g}", sums.max_diff)
+        over = UNBOUNDED if sums.misplaced.count else max(worst, math.nextafter(1.0, 2.0))
+        return _Outcome(False, over, message)
+    if name != "kernelbench":
         return _Outcome(True, worst)
-    ref_norm = float(torch.linalg.vector_norm(abs_ref))
+    ref_norm = math.sqrt(sums.ref_sq)
     if ref_norm > 0:
-        rel = float(torch.linalg.vector_norm(diff)) / ref_norm
+        rel = math.sqrt(sums.diff_sq) / ref_norm
         worst = max(worst, rel / MAX_RELATIVE_L2)
         if rel > MAX_RELATIVE_L2:
             return _Outcome(False, worst, f"{label}: relative L2 error {rel:.3g} > {MAX_RELATIVE_L2:g} (each element "
@@ -222,32 +306,26 @@ def _elementwise(out, ref, diff, abs_ref, atol: float, rtol: float, label: str, 
     return _Outcome(True, worst)
 
 
-def _misplaced(out: torch.Tensor, ref: torch.Tensor) -> bool:
-    """Some NaN or inf is not where the reference has it (no tolerance makes that right)."""
-    same = torch.where(torch.isfinite(ref), torch.isfinite(out), (out == ref) | (torch.isnan(out) & torch.isnan(ref)))
-    return not bool(same.all())
-
-
-def _numeric(out, ref, correction, scale: Float64Scale, finite, label: str) -> tuple[_Outcome, float]:
+def _numeric(sums: _ExactSums, out: torch.Tensor, ref: torch.Tensor, correction: torch.Tensor, scale: Float64Scale,
+             label: str) -> tuple[_Outcome, float]:
     """The `numeric` policy (oracle.tolerance): the error against float64, over the float32 reference's own."""
-    if _misplaced(out, ref):
-        bad = ~torch.isclose(out, ref, rtol=0, atol=float("inf"), equal_nan=True).flatten()
-        return _Outcome(False, UNBOUNDED, _mismatch_message(out, ref, bad, label, "NaN and inf where the reference "
-                                                            "has them").message), UNBOUNDED
-    ref64 = torch.where(finite, ref.double() + correction.double(), 0)
-    err = torch.where(finite, out.double() - ref64, 0)
-    ref_norm = float(torch.linalg.vector_norm(ref64))
-    ref_peak = float(ref64.abs().max()) if ref64.numel() else 0.0
-    err_norm = float(torch.linalg.vector_norm(err))
-    l2_bound, elem_bound = numeric_bounds(scale, ref_norm, ref_peak)
+    if sums.misplaced.count:
+        return _Outcome(False, UNBOUNDED, _mismatch_message(out, ref, sums.misplaced, sums, label,
+                                                            "NaN and inf where the reference has them")), UNBOUNDED
+    ref_norm, err_norm = math.sqrt(sums.ref64_sq), math.sqrt(sums.err_sq)
+    l2_bound, elem_bound = numeric_bounds(scale, ref_norm, sums.ref64_peak)
     rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else UNBOUNDED)
-    elem = err.abs().flatten()
-    worst = max(ratio(err_norm, l2_bound), ratio(float(elem.max()) if elem.numel() else 0.0, elem_bound))
-    bad = elem > elem_bound
-    if bad.any():
+    worst = max(ratio(err_norm, l2_bound), ratio(sums.err_peak, elem_bound))
+    wrong = _Mismatches()
+    if sums.err_peak > elem_bound:  # some element is over: a second walk finds which
+        for offset, (o, r, c) in _pieces(out, ref, correction):
+            finite = torch.isfinite(r) & torch.isfinite(o)
+            err = torch.where(finite, o.double() - (r.double() + c.double()), 0)
+            wrong.add(err.abs() > elem_bound, offset)
+    if wrong.count:
         return _Outcome(False, worst, _mismatch_message(
-            out, ref, bad, label, f"numeric: more than {elem_bound:.3g} from the float64 reference, {NUMERIC_FACTOR:g}x "
-            f"the float32 reference's own largest error").message), rel
+            out, ref, wrong, sums, label, f"numeric: more than {elem_bound:.3g} from the float64 reference, "
+            f"{NUMERIC_FACTOR:g}x the float32 reference's own largest error")), rel
     if err_norm > l2_bound:
         return _Outcome(False, worst, f"{label}: relative L2 error against a float64 reference {rel:.3g}, over "
                         f"{NUMERIC_FACTOR:g}x the float32 reference's own ({scale.rel_l2:.3g}, at least "
@@ -255,19 +333,29 @@ def _numeric(out, ref, correction, scale: Float64Scale, finite, label: str) -> t
     return _Outcome(True, worst), rel
 
 
-def _mismatch_message(out, ref, bad, label, tol, max_diff: float = 0.0) -> Comparison:
-    positions = bad.nonzero().flatten()
-    n_bad, total = positions.numel(), bad.numel()
-    shown = []
-    flat_o, flat_r = out.flatten(), ref.flatten()
-    for p in positions[:SHOWN_MISMATCHES].tolist():
-        shown.append(f"at {_fmt_index(p, out.shape)} expected {flat_r[p].item():.6g}, got {flat_o[p].item():.6g}")
-    nan_count = int(torch.isnan(out).sum()) if out.is_floating_point() else 0
-    extra = f"; {nan_count} NaN in the output (unwritten elements?)" if nan_count and not torch.isnan(ref).any() else ""
-    message = (
-        f"{label}: {n_bad} of {total} elements wrong ({100 * n_bad / total:.3g}%, {tol}); "
-        + "; ".join(shown)
-        + (f"; max abs diff {max_diff:.3g}" if max_diff else "")
-        + extra
-    )
-    return Comparison(False, message, max_diff)
+def _exact_integers(out: torch.Tensor, ref: torch.Tensor, label: str) -> Comparison:
+    """An integer (or bool) output must be equal everywhere."""
+    wrong = _Mismatches()
+    max_abs = 0.0
+    for offset, (o, r) in _pieces(out, ref):
+        bad = o != r
+        wrong.add(bad, offset)
+        if bad.any():
+            max_abs = max(max_abs, float((o.double() - r.double()).abs().max()))
+    if not wrong.count:
+        return Comparison(True, "", passes=list(POLICIES), figures=ErrorFigures())
+    message = _mismatch_message(out, ref, wrong, None, label, "exact match required")
+    return Comparison(False, message, figures=ErrorFigures(max_abs=max_abs, max_rel=UNBOUNDED,
+                                                           over_bound={p: UNBOUNDED for p in POLICIES}))
+
+
+def _mismatch_message(out: torch.Tensor, ref: torch.Tensor, wrong: _Mismatches, sums: _ExactSums | None, label: str,
+                      tol: str, max_diff: float = 0.0) -> str:
+    total = out.numel()
+    flat_o, flat_r = out.reshape(-1), ref.reshape(-1)
+    shown = [f"at {_fmt_index(p, out.shape)} expected {flat_r[p].item():.6g}, got {flat_o[p].item():.6g}"
+             for p in wrong.first]
+    unwritten = sums is not None and sums.nan_out and not sums.nan_ref
+    extra = f"; {sums.nan_out} NaN in the output (unwritten elements?)" if unwritten else ""
+    return (f"{label}: {wrong.count} of {total} elements wrong ({100 * wrong.count / total:.3g}%, {tol}); "
+            + "; ".join(shown) + (f"; max abs diff {max_diff:.3g}" if max_diff else "") + extra)

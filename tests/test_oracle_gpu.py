@@ -258,3 +258,27 @@ def test_a_session_through_the_bindings_sees_what_the_profiler_class_sees_and_st
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-2:] == ["1", "False"], out.stdout
+
+
+def test_a_wrong_gigabyte_output_is_compared_in_pieces_of_device_memory():
+    """The exact comparison of a 1 GB output that is wrong in every thousandth element names the first
+    wrong ones and counts them all, with a few pieces' temporaries on the device, not several copies of the
+    output (over whole tensors a level-1 task's wrong output took 27 GB beside everything else)."""
+    import time
+
+    from oracle.compare import compare
+
+    ref = torch.randn(1 << 28, device="cuda")
+    out = ref.clone()
+    out[::1000] += 1.0
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    result = compare(out, ref)
+    seconds = time.perf_counter() - t0
+    extra_gb = (torch.cuda.max_memory_allocated() - base) / 1024**3
+    print(f"exact comparison of a wrong 1 GB output: {seconds:.2f} s, {extra_gb:.2f} GB beyond its tensors")
+    assert not result.ok and result.message.startswith(f"output: {(1 << 28) // 1000 + 1} of {1 << 28} elements wrong")
+    assert "at [0] expected" in result.message and "at [1000] expected" in result.message
+    assert extra_gb < 1.0, extra_gb
