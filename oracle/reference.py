@@ -247,19 +247,18 @@ class References:
         return self._resident.pinned(key, self._kept_bytes(task, key))
 
     def _kept_bytes(self, task: Task, key: str) -> int:
-        """What the task keeps in the reference process: as its last preparation reported it, else a guess.
-        A task whose outputs would take more than the whole budget keeps none: the reference process makes
-        them again for each comparison (`reference_server.TaskReference.recomputed`)."""
+        """What the task keeps in the reference process: as its last preparation reported it, else a guess."""
         known = self._known.get(key)
-        if known is not None:
+        if known is not None and known.prepared.kept_bytes:
             return known.prepared.kept_bytes
-        sets = len(_cases(self.settings, 2)) + len(self.timing_seeds(task))
+        sets = len(_cases(self.settings, len(known.codes) if known else 2)) + len(self.timing_seeds(task))
+        if known is not None:
+            p = known.prepared
+            return sets * p.output_bytes * (1 if p.float64 else 2)  # ref64 - ref kept beside each output
         if task.output_mb:  # measured on the meta device when the task was loaded
-            outputs = sets * task.output_mb * 1024**2
             doubled = 2 if task.output_mb * 1024**2 <= self.settings.float64_max_bytes else 1  # ref64 - ref
-        else:
-            outputs, doubled = sets * task.input_mb * 1024**2, 1  # outputs about the size of the inputs
-        return 0 if outputs > self.settings.budget_bytes else int(outputs * doubled)
+            return int(sets * task.output_mb * 1024**2 * doubled)
+        return int(sets * task.input_mb * 1024**2)  # outputs about the size of the inputs
 
     def timing_seeds(self, task: Task) -> list[int]:
         """The rotating timing input sets. Rotation keeps a small task's inputs out of the L2 cache between

@@ -44,13 +44,9 @@ class TaskReference:
     request: PrepareTask
     modules: list[Any]
     models: list[torch.nn.Module]
-    outputs: list[list[torch.Tensor | None]]  # per check case (empty when `recomputed`)
-    timing_outputs: list[list[torch.Tensor | None]]  # per timing input set (empty when `recomputed`)
+    outputs: list[list[torch.Tensor | None]]  # per check case
+    timing_outputs: list[list[torch.Tensor | None]]  # per timing input set
     prepared: Prepared
-    # Outputs too large to keep beside any other task's (more than the whole budget): made again for each
-    # comparison instead. Kept, one level-1 elementwise task (22.5 GiB on an H200) filled the budget alone,
-    # and every other task's candidates waited until its candidate was judged.
-    recomputed: bool = False
     sessions: int = 0  # candidates being judged against it now
     # From the float64 reference (None where it could not be made): ref64 - ref per output, kept in float32
     # (the difference is tiny, so float32 holds it to ~1e-7 of itself at half the memory of ref64), per
@@ -65,19 +61,6 @@ class TaskReference:
     def nbytes(self) -> int:
         kept = self.outputs + self.timing_outputs + (self.corrections or []) + (self.timing_corrections or [])
         return sum(t.numel() * t.element_size() for outs in kept for t in outs if t is not None)
-
-    def expected(self, kind: str, index: int, device: str) -> list[torch.Tensor | None]:
-        """The reference outputs of check case `index` (`kind` "check") or timing input set `index`
-        ("timing"): kept, or made again now from the same seeded inputs."""
-        if not self.recomputed:
-            return (self.outputs if kind == "check" else self.timing_outputs)[index]
-        if kind == "check":
-            case = Case.from_json(self.request.cases[index])
-            module, model, seed = self.modules[case.code], self.models[case.code], case.seed
-        else:
-            module, model, seed = self.modules[0], self.models[0], self.request.timing_seeds[index]
-        with torch.no_grad():
-            return _kept(model(*_seeded_inputs(module, seed, device)))
 
 
 @dataclass
@@ -107,21 +90,13 @@ class ReferenceState:
         models = [_reference_model(m, request.init_seed, device) for m in modules]
         cases = [Case.from_json(c) for c in request.cases]
         outputs: list[list[torch.Tensor | None]] = []
-        timing_outputs: list[list[torch.Tensor | None]] = []
-        recomputed, constant, output_bytes = False, True, 0
-        sets = len(cases) + len(request.timing_seeds)
         with torch.no_grad():
             for i, case in enumerate(cases):
                 send(conn, phase=f"reference call {i}", deadline_s=request.call_timeout_s)
-                out = _kept(models[case.code](*_seeded_inputs(modules[case.code], case.seed, device)))
-                constant = constant and _constant(out)
-                if i == 0:
-                    output_bytes = sum(t.numel() * t.element_size() for t in out if t is not None)
-                    recomputed = output_bytes * sets > self.budget_bytes
-                if not recomputed:
-                    outputs.append(out)
-                del out  # recomputed: only one case's outputs at a time
-            for k, seed in enumerate(request.timing_seeds if not recomputed else []):
+                out = models[case.code](*_seeded_inputs(modules[case.code], case.seed, device))
+                outputs.append(_kept(out))
+            timing_outputs = []
+            for k, seed in enumerate(request.timing_seeds):
                 send(conn, phase=f"reference timing set {k}", deadline_s=request.call_timeout_s)
                 timing_outputs.append(_kept(models[0](*_seeded_inputs(modules[0], seed, device))))
             timing.sync(device)
@@ -136,11 +111,11 @@ class ReferenceState:
             del inputs0
         if device == "cuda":
             torch.cuda.empty_cache()  # the temporaries of the reference calls go back to the device
+        constant = all(t is None or t.numel() < 2 or bool((t == t.flatten()[0]).all()) for outs in outputs for t in outs)
+        output_bytes = sum(t.numel() * t.element_size() for t in outputs[0] if t is not None)
         if output_bytes > request.float64_max_bytes:
             float64: Float64Result | str = (f"no float64 reference: outputs of {output_bytes / 1024**2:.3g} MB, over "
                                             f"{request.float64_max_bytes / 1024**2:.3g} MB (it would double the memory kept)")
-        elif recomputed:
-            float64 = "no float64 reference: the outputs are too large to keep, and are made again for each comparison"
         else:
             send(conn, phase="float64 reference", deadline_s=request.call_timeout_s * (len(cases) + len(request.timing_seeds)))
             float64 = _float64_reference(modules, models, cases, request.timing_seeds, outputs, timing_outputs, device)
@@ -151,8 +126,7 @@ class ReferenceState:
                             float64=float64 if isinstance(float64, str) else None)
         sizes = [task_constants(m.namespace) for m in modules]
         smaller = {k: v for k, v in sizes[1].items() if sizes[0].get(k) != v} if len(sizes) > 1 else None
-        ref = TaskReference(request, modules, models, outputs, timing_outputs, prepared, recomputed=recomputed,
-                            smaller=smaller, sizes=sizes[0])
+        ref = TaskReference(request, modules, models, outputs, timing_outputs, prepared, smaller=smaller, sizes=sizes[0])
         if not isinstance(float64, str):
             ref.corrections, ref.timing_corrections, ref.scales = float64
         prepared.kept_bytes = ref.nbytes
@@ -218,12 +192,12 @@ class ReferenceState:
         except ShareError as exc:
             return Compared(False, str(exc), seconds=time.perf_counter() - started)
         if request.kind == "check":
-            cases = [Case.from_json(c) for c in ref.request.cases]
-            if not 0 <= request.index < len(cases):
+            if not 0 <= request.index < len(ref.outputs):
                 raise ValueError("no such check")
+            cases = [Case.from_json(c) for c in ref.request.cases]
             where = check_name(request.index, len(cases), ref.smaller if cases[request.index].code > 0 else None,
                                ref.sizes)
-            judged = _judged(outs, ref.expected("check", request.index, self.device), where, request.policy,
+            judged = _judged(outs, ref.outputs[request.index], where, request.policy,
                              ref.corrections[request.index] if ref.corrections else None, ref.scales)
             if request.index == 0 and judged.passes:
                 session.first_outputs = outs
@@ -232,9 +206,9 @@ class ReferenceState:
             if session.first_outputs is not None and not unchanged(session.first_outputs, outs):
                 judged = OutputsJudged(REUSED_OUTPUT, [])
         elif request.kind in ("timed", "block"):
-            if not 0 <= request.index < len(ref.request.timing_seeds):
+            if not 0 <= request.index < len(ref.timing_outputs):
                 raise ValueError("no such timing input set")
-            judged = _judged(outs, ref.expected("timing", request.index, self.device), timed_name(request.kind, request.index),
+            judged = _judged(outs, ref.timing_outputs[request.index], timed_name(request.kind, request.index),
                              request.policy, ref.timing_corrections[request.index] if ref.timing_corrections else None,
                              ref.scales)
             if judged.problem:
@@ -326,11 +300,6 @@ def _scale(ref: torch.Tensor | None, correction: torch.Tensor | None) -> Float64
     norm, peak = float(torch.linalg.vector_norm(ref64)), float(ref64.abs().max()) if ref64.numel() else 0.0
     d_norm, d_peak = float(torch.linalg.vector_norm(correction.double())), float(correction.abs().max()) if correction.numel() else 0.0
     return Float64Scale(d_norm / norm if norm > 0 else 0.0, d_peak / peak if peak > 0 else 0.0)
-
-
-def _constant(outs: list[torch.Tensor | None]) -> bool:
-    """Every output one repeated value."""
-    return all(t is None or t.numel() < 2 or bool((t == t.flatten()[0]).all()) for t in outs)
 
 
 def _kept(out: Any) -> list[torch.Tensor | None]:

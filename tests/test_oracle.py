@@ -288,23 +288,3 @@ def test_a_check_that_waits_for_room_beside_other_tasks_references_says_so(cache
         o.close()
     assert v.status == "correct", v.message
     assert 0.55 <= v.queued_s["reference_memory"] < 10.0, v.queued_s
-
-
-def test_a_task_too_large_to_keep_gets_the_same_verdicts(oracle, task, cache, first_correct):
-    """A reference process whose budget holds none of the task's outputs makes them again for each
-    comparison (`reference_server.TaskReference.recomputed`): the verdicts, their messages included, are
-    those of a process that keeps them."""
-    fast = TimingParams(warmup_calls=2, min_calls=5, max_calls=20, target_s=0.2, wall_calls=5)
-    o = Oracle(OracleConfig(device="cpu", cache_dir=cache, timing=fast, call_timeout_s=20, reference_memory=1e-9))
-    try:
-        verdicts = {name: o.evaluate(task, text(name)) for name in ("correct", "wrong_slope", "reused_output")}
-        reference = o.references._known[o.references.key(task)]
-    finally:
-        o.close()
-    assert reference.prepared.kept_bytes == 0 and "made again" in reference.prepared.float64
-    assert verdicts["correct"].status == "correct", verdicts["correct"].message
-    for name in ("wrong_slope", "reused_output"):
-        kept = oracle.evaluate(task, text(name))
-        assert (verdicts[name].status, verdicts[name].message) == (kept.status, kept.message), name
-        assert kept.status != "correct"
-
