@@ -240,9 +240,21 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
             "phases_p50": {k: pct(v, 0.5) for k, v in phases.items()}, "phases_sum": {k: sum(v) for k, v in phases.items()},
             "queued_p50": {k: pct(v, 0.5) for k, v in queued.items()}, "queued_p90": {k: pct(v, 0.9) for k, v in queued.items()},
             "worker_phases_p50": {k: pct(v, 0.5) for k, v in worker_phases.items()},
-            "worker_memory_top_mb": worker_memory_top,
+            "worker_memory_top_mb": worker_memory_top, "profile": profile_sessions(judged),
             "build_p50_s": pct(builds, 0.5), "build_p90_s": pct(builds, 0.9), "how_built": how_built,
             "as_expected": sum(v["as_expected"] for v in verdicts), "verdicts": verdicts}
+
+
+def profile_sessions(judged: list[dict]) -> dict:
+    """What the CUDA profiling sessions of the timed candidates recorded (`timing.profile_sessions`, each
+    "K kernels, F of L fillers"): how many candidates needed more than one session, lost a filler record
+    (CUPTI's loss at a session's start), or were judged blind (`kernels_unseen`)."""
+    lists = [(r.get("timing") or {}).get("profile_sessions") for r in judged]
+    lists = [x for x in lists if x]
+    fillers = [re.search(r"(\d+) of (\d+) fillers", one) for x in lists for one in x]
+    return {"profiled": len(lists), "retried": sum(len(x) > 1 for x in lists),
+            "sessions_losing_fillers": sum(1 for m in fillers if m and int(m[1]) < int(m[2])),
+            "kernels_unseen": sum("kernels_unseen" in (r.get("flags") or []) for r in judged)}
 
 
 def tail(out: Path, judged: list[dict], started: float) -> dict:
@@ -372,6 +384,7 @@ def main() -> None:
               f"build p50 {o['build_p50_s']}, p90 {o['build_p90_s']}; verdicts as expected {o['as_expected']}/{o['candidates']}")
         print(f"worker phases p50 (s): {o['worker_phases_p50']}")
         print(f"fresh builds: {o['how_built']}")
+        print(f"profiling sessions: {o['profile']}")
         print(f"startup: {o['startup']}")
         d = o["on_device"]
         print(f"candidates in their checks or timing at once: mean {d['mean']}, most {d['most']}, at most one "

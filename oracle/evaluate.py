@@ -475,8 +475,11 @@ class _CandidateRun:
         timing.update(external_ms=external.per_call_ms, external_drain_ms=external.drain_ms,
                       block_calls=self.block, block_rounds=external.rounds)
         flags = ["constant_reference"] if self.reference.prepared.constant else []  # e.g. a ReLU after a shift
+        if checked.kernels_unseen:  # the own-kernel rule could not see the kernels (rule 14)
+            flags.append(judge.KERNELS_UNSEEN_FLAG)
         fields = judge.score(timing, self.reference.eager, self.reference.prepared.floor, flags, checked.kernel_ms)
         fields.setdefault("timing", {})["worker_phases"] = {k: round(v, 4) for k, v in self.worker.phases.items()}
+        fields["timing"]["profile_sessions"] = checked.profile_sessions
         if result["timing"].get("peak_mb") is not None:  # held at most, against what `MemoryBudget` promised it
             fields["timing"]["worker_memory_mb"] = {"peak": result["timing"]["peak_mb"],
                                                     "allocated": result["timing"].get("allocated_peak_mb"),

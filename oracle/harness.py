@@ -17,6 +17,7 @@ import resource
 import sys
 import threading
 from collections import deque
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -223,14 +224,25 @@ def warm_profiler(device: str) -> threading.Thread:
 PROFILE_TRIES = 3
 
 
+@dataclass
+class Profiled:
+    """One call seen at the dispatcher and, on a GPU, by the CUDA profiler."""
+
+    ops: list[str]  # operator names (`aten::relu`)
+    kernels: list[str]  # GPU kernel names
+    kernel_ms: float | None  # the GPU time of those kernels (None on a CPU)
+    sessions: list[str] = field(default_factory=list)  # what each profiling session recorded (`Seen.summary`)
+    blind: bool = False  # every session recorded nothing, not even its own fillers: the kernels are unknown
+
+
 def _profile_call(fn, inputs: list[Any], device: str) -> tuple[list[str], list[str]]:
-    ops, kernels, _ = _profile_call_timed(fn, inputs, device)
-    return ops, kernels
+    profiled = _profile_call_timed(fn, inputs, device)
+    return profiled.ops, profiled.kernels
 
 
-def _profile_call_timed(fn, inputs: list[Any], device: str) -> tuple[list[str], list[str], float | None]:
-    """Operator names (`aten::relu`) and GPU kernel names seen during one call, and the GPU time of its
-    kernels (ms; None on a CPU): against the timed median, how busy the GPU is during a call.
+def _profile_call_timed(fn, inputs: list[Any], device: str) -> Profiled:
+    """Operator names and GPU kernel names seen during one call, and the GPU time of its kernels: against the
+    timed median, how busy the GPU is during a call.
 
     Operators are caught at the dispatcher, so calls made from inside a C++ extension count too.
     Kernel names come from one CUDA profiling session (`oracle.kernels_seen`), so only on a GPU.
@@ -247,16 +259,17 @@ def _profile_call_timed(fn, inputs: list[Any], device: str) -> tuple[list[str], 
     with Recorder():
         fn(*inputs)
     timing.sync(device)
-    kernels: set[str] = set()
-    kernel_ms: float | None = None
-    if device == "cuda":
-        for _ in range(PROFILE_TRIES):
-            with kernels_seen.kernels_seen() as seen:  # led by fillers: a session's first kernel records may be lost
-                fn(*inputs)
-            kernels, kernel_ms = seen.names, seen.gpu_ms
-            if kernels:
-                break
-    return sorted(ops), sorted(kernels), kernel_ms
+    if device != "cuda":
+        return Profiled(sorted(ops), [], None)
+    sessions: list[kernels_seen.Seen] = []
+    for _ in range(PROFILE_TRIES):
+        with kernels_seen.kernels_seen() as seen:  # led by fillers: a session's first kernel records may be lost
+            fn(*inputs)
+        sessions.append(seen)
+        if seen.names:
+            break
+    return Profiled(sorted(ops), sorted(seen.names), seen.gpu_ms, [s.summary() for s in sessions],
+                    blind=all(s.blind for s in sessions))
 
 
 # ---------------------------------------------------------------- candidate (untrusted)
@@ -530,13 +543,15 @@ def _run_candidate(conn: Connection, job: CandidateJob, warming: threading.Threa
         inputs0 = _seeded_inputs(modules[case0.code], case0.seed, device)
         send(conn, phase="profile", deadline_s=job.call_timeout_s * 3)
         warming.join()
-        ops, kernels, kernel_ms = _profile_call_timed(models[case0.code], inputs0, device)
+        profiled = _profile_call_timed(models[case0.code], inputs0, device)
         # the checks' last inputs and outputs go before the timing sets are made (3 GB each at a level-1
         # task's default size; held, they raised the worker's peak beyond what the oracle promised it)
         del inputs0, live, previous, first_outputs, inputs, in_tensors, out, outputs
 
-        send(conn, checked=Checked(own_calls=own_calls, ops=ops, kernels=kernels, extensions=record.extensions,
-                                   compiled_now=record.compiled, kernel_ms=kernel_ms))
+        send(conn, checked=Checked(own_calls=own_calls, ops=profiled.ops, kernels=profiled.kernels,
+                                   extensions=record.extensions, compiled_now=record.compiled,
+                                   kernel_ms=profiled.kernel_ms, profile_sessions=profiled.sessions,
+                                   kernels_unseen=profiled.blind))
         command = receive(conn)
         if command.get("cmd") != "time":
             return WorkerResult("checked")

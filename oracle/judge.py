@@ -102,19 +102,25 @@ REUSED_OUTPUT = ("a later call changed the tensor returned by an earlier call (r
                  "allocate a new output each call")
 
 
+# A correct verdict whose own-kernel rule was skipped: every CUDA profiling session of its call recorded
+# nothing, not even its own filler kernels, so it could not say which kernels ran (rule 14).
+KERNELS_UNSEEN_FLAG = "kernels_unseen"
+
+
 def own_kernel_problem(backend: str, source: str, checked: Checked, reference_ops: list[str]) -> str | None:
     """The candidate ran code of its own, and did not just call the operators it replaces."""
     if backend == "torch":
         return None  # only reachable with --allow-torch
     if checked.own_calls == 0:
         return "the custom kernel was never called: forward must call the compiled extension (or Triton kernel)"
-    if backend == "cuda":
+    if backend == "cuda" and not checked.kernels_unseen:  # a blind profiler says nothing either way
         names = set(re.findall(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\([^)]*\)\s+)?(?:void\s+)?(\w+)", source))
         if names and not any(n in k for k in checked.kernels for n in names):
             seen = ", ".join(k[:60] for k in sorted(checked.kernels)[:3]) + (", ..." if len(checked.kernels) > 3 else "")
             return ("none of the candidate's __global__ kernels ran on the GPU "
                     f"({', '.join(sorted(names))}); its extension only called PyTorch operators "
-                    f"(the profiled call ran {len(checked.kernels)} kernels{': ' + seen if seen else ''})")
+                    f"(the profiled call ran {len(checked.kernels)} kernels{': ' + seen if seen else ''}; "
+                    f"its sessions recorded {'; '.join(checked.profile_sessions) or 'nothing'})")
     replaced = {op for op in reference_ops if op not in NON_COMPUTE_OPS}
     if replaced and replaced <= set(checked.ops):
         return ("the candidate still calls every PyTorch operator of the reference "

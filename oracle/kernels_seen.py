@@ -39,6 +39,16 @@ class Seen:
     names: set[str] = field(default_factory=set)
     gpu_ms: float = 0.0
     fillers: int = 0  # filler kernels the session recorded (each session launches a few: `profiler_head`)
+    launched: int = 0  # filler kernels the session launched
+
+    @property
+    def blind(self) -> bool:
+        """The session recorded no kernel at all, not even the fillers it launched: it cannot say what ran."""
+        return self.launched > 0 and not self.fillers and not self.names
+
+    def summary(self) -> str:
+        """One line for a verdict's record: what the session recorded."""
+        return f"{len(self.names)} kernels, {self.fillers} of {self.launched} fillers"
 
     def add(self, name: str, duration_us: float) -> None:
         if profiler_head.is_filler(name):
@@ -61,7 +71,7 @@ def kernels_seen() -> Iterator[Seen]:
     _prepare(config, activities)
     _enable(config, activities)
     try:
-        profiler_head.lead_with_fillers()
+        seen.launched = profiler_head.lead_with_fillers()
         yield seen
         _synchronize()
     finally:
@@ -102,7 +112,7 @@ def _through_the_class(seen: Seen) -> Iterator[None]:
     from torch.profiler import profile
 
     with profile(activities=[Activity.CUDA]) as prof:
-        profiler_head.lead_with_fillers()
+        seen.launched = profiler_head.lead_with_fillers()
         yield
         _synchronize()
     for event in prof.events():

@@ -38,12 +38,25 @@ def test_a_later_call_changing_an_earlier_output_is_caught():
 def test_own_kernel_rules():
     source = "__global__ void relu_kernel(float* x) {}"
     other = judge.own_kernel_problem("cuda", source, checked(), ["aten::relu"])  # k_relu is not relu_kernel
-    assert other is not None and "(the profiled call ran 1 kernels: k_relu)" in other
-    assert "(the profiled call ran 0 kernels)" in judge.own_kernel_problem("cuda", source, checked(kernels=[]), [])
+    assert other is not None and "(the profiled call ran 1 kernels: k_relu; its sessions recorded nothing)" in other
+    none = judge.own_kernel_problem("cuda", source, checked(kernels=[], profile_sessions=["0 kernels, 4 of 4 fillers"]), [])
+    assert "(the profiled call ran 0 kernels; its sessions recorded 0 kernels, 4 of 4 fillers)" in none
     assert judge.own_kernel_problem("cuda", source, checked(kernels=["void relu_kernel(float*)"]), ["aten::relu"]) is None
     assert "never called" in judge.own_kernel_problem("cpp", "", checked(own_calls=0), ["aten::relu"])
     fallback = judge.own_kernel_problem("cpp", "", checked(ops=["aten::relu", "aten::mul"]), ["aten::relu", "aten::mul"])
     assert "still calls every PyTorch operator" in fallback
+
+
+def test_a_blind_profiler_does_not_reject_but_the_operator_rule_still_holds():
+    """Sessions that recorded nothing, not even their own fillers, cannot say which kernels ran: the
+    kernel-name rule is skipped rather than a correct kernel rejected; calling every operator of the
+    reference is still caught at the dispatcher."""
+    source = "__global__ void relu_kernel(float* x) {}"
+    blind = {"kernels": [], "kernels_unseen": True, "profile_sessions": ["0 kernels, 0 of 4 fillers"] * 3}
+    assert judge.own_kernel_problem("cuda", source, checked(**blind), ["aten::relu"]) is None
+    fallback = judge.own_kernel_problem("cuda", source, checked(ops=["aten::relu"], **blind), ["aten::relu"])
+    assert "still calls every PyTorch operator" in fallback
+    assert "never called" in judge.own_kernel_problem("cuda", source, checked(own_calls=0, **blind), ["aten::relu"])
 
 
 def test_a_worker_can_report_failures_only():
@@ -260,29 +273,32 @@ def test_the_quick_comparison_in_pieces_gives_the_figures_of_the_whole(monkeypat
 
 
 def test_a_profiled_call_that_recorded_no_kernel_is_profiled_again(monkeypatch):
-    """A CUDA session that recorded nothing is not taken as the candidate running no kernel: the call is
-    profiled again (up to `PROFILE_TRIES` sessions), and the first session that saw kernels is the answer."""
+    """A CUDA session that recorded nothing of the call is not taken as the candidate running no kernel: the
+    call is profiled again (up to `PROFILE_TRIES` sessions), and the first session that saw kernels is the
+    answer. Sessions that recorded not even their own fillers leave the kernels unknown (`blind`)."""
     import contextlib
 
     from oracle import harness, kernels_seen
 
-    answers = [set(), set(), {"void relu_kernel(float*)"}]
+    answers = [(set(), 0), (set(), 3), ({"void relu_kernel(float*)"}, 4)]  # (kernels, fillers recorded)
     sessions = []
 
     @contextlib.contextmanager
     def session():
-        seen = kernels_seen.Seen()
+        seen = kernels_seen.Seen(launched=len(sessions) + 2)
         yield seen
-        seen.names = answers[len(sessions)]
+        seen.names, seen.fillers = answers[len(sessions)]
         sessions.append(seen)
 
     monkeypatch.setattr(harness.timing, "sync", lambda device: None)
     monkeypatch.setattr(kernels_seen, "kernels_seen", session)
     calls = []
-    ops, kernels, _ = harness._profile_call_timed(lambda x: calls.append(x) or x.relu(), [torch.ones(2)], "cuda")
-    assert kernels == ["void relu_kernel(float*)"] and len(sessions) == 3 and len(calls) == 4
-    assert ops == ["aten::relu"]
-    answers[:] = [set()] * harness.PROFILE_TRIES
-    sessions.clear()
-    assert harness._profile_call_timed(lambda x: x.relu(), [torch.ones(2)], "cuda")[1] == []
-    assert len(sessions) == harness.PROFILE_TRIES  # and no more: a call that truly launches nothing is not retried forever
+    profiled = harness._profile_call_timed(lambda x: calls.append(x) or x.relu(), [torch.ones(2)], "cuda")
+    assert profiled.kernels == ["void relu_kernel(float*)"] and len(sessions) == 3 and len(calls) == 4
+    assert profiled.ops == ["aten::relu"] and not profiled.blind
+    assert profiled.sessions == ["0 kernels, 0 of 2 fillers", "0 kernels, 3 of 3 fillers", "1 kernels, 4 of 4 fillers"]
+    for fillers, blind in ((0, True), (2, False)):  # a call that truly launches nothing is not retried forever
+        answers[:] = [(set(), fillers)] * harness.PROFILE_TRIES
+        sessions.clear()
+        profiled = harness._profile_call_timed(lambda x: x.relu(), [torch.ones(2)], "cuda")
+        assert profiled.kernels == [] and len(sessions) == harness.PROFILE_TRIES and profiled.blind is blind

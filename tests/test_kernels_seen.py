@@ -23,6 +23,13 @@ def test_the_fillers_are_counted_apart_from_the_kernels_seen():
     assert seen.fillers == 2
 
 
+def test_a_session_that_recorded_not_even_its_fillers_is_blind():
+    assert Seen(launched=4).blind and Seen(launched=4).summary() == "0 kernels, 0 of 4 fillers"
+    assert not Seen(launched=4, fillers=1).blind  # it recorded something: the call launched no kernel
+    assert not Seen(launched=4, names={"k"}).blind
+    assert not Seen().blind  # no fillers launched (no session yet): nothing to tell by
+
+
 def test_starting_the_profiler_imports_none_of_the_compiler_stack():
     """Through `torch.profiler.profile` a process's first session imported `torch._dynamo` and more: 3.6 s
     of every fresh worker on an H200. The bindings this module drives import none of it, and the warm-up

@@ -68,7 +68,9 @@ def evaluate(oracle: Oracle, task_id: str, variant: str):
 
 def test_correct_cuda_kernel_is_timed_against_eager_and_compile(oracle):
     v = evaluate(oracle, "level1/19_ReLU", "correct")
+    print("profile sessions:", v.timing.get("profile_sessions"), "flags:", v.flags)  # shown with -s
     assert v.status == "correct", v.message
+    assert v.timing["profile_sessions"], v.timing  # what each CUDA profiling session recorded
     assert v.backend == "cuda" and v.device == "cuda"
     assert v.time_ms > 0 and v.eager_ms > 0 and v.compile_ms and v.speedup_vs_compile
     assert v.timing["candidate"]["rotate_sets"] >= 2 and v.timing["candidate"]["spread"] < 0.5
