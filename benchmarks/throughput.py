@@ -247,13 +247,12 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
 
 def profile_sessions(judged: list[dict]) -> dict:
     """What the CUDA profiling sessions of the timed candidates recorded (`timing.profile_sessions`, each
-    "K kernels, F of L fillers"): how many candidates needed more than one session, lost a filler record
-    (CUPTI's loss at a session's start), or were judged blind (`kernels_unseen`)."""
+    [kernels, fillers recorded, fillers launched]): how many candidates needed more than one session, lost a
+    filler record (CUPTI's loss at a session's start), or were judged blind (`kernels_unseen`)."""
     lists = [(r.get("timing") or {}).get("profile_sessions") for r in judged]
     lists = [x for x in lists if x]
-    fillers = [re.search(r"(\d+) of (\d+) fillers", one) for x in lists for one in x]
     return {"profiled": len(lists), "retried": sum(len(x) > 1 for x in lists),
-            "sessions_losing_fillers": sum(1 for m in fillers if m and int(m[1]) < int(m[2])),
+            "sessions_losing_fillers": sum(fillers < launched for x in lists for _, fillers, launched in x),
             "kernels_unseen": sum("kernels_unseen" in (r.get("flags") or []) for r in judged)}
 
 

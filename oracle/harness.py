@@ -231,7 +231,7 @@ class Profiled:
     ops: list[str]  # operator names (`aten::relu`)
     kernels: list[str]  # GPU kernel names
     kernel_ms: float | None  # the GPU time of those kernels (None on a CPU)
-    sessions: list[str] = field(default_factory=list)  # what each profiling session recorded (`Seen.summary`)
+    sessions: list[list[int]] = field(default_factory=list)  # what each profiling session recorded (`Seen.counts`)
     blind: bool = False  # every session recorded nothing, not even its own fillers: the kernels are unknown
 
 
@@ -268,7 +268,7 @@ def _profile_call_timed(fn, inputs: list[Any], device: str) -> Profiled:
         sessions.append(seen)
         if seen.names:
             break
-    return Profiled(sorted(ops), sorted(seen.names), seen.gpu_ms, [s.summary() for s in sessions],
+    return Profiled(sorted(ops), sorted(seen.names), seen.gpu_ms, [s.counts() for s in sessions],
                     blind=all(s.blind for s in sessions))
 
 

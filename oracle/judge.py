@@ -120,12 +120,16 @@ def own_kernel_problem(backend: str, source: str, checked: Checked, reference_op
             return ("none of the candidate's __global__ kernels ran on the GPU "
                     f"({', '.join(sorted(names))}); its extension only called PyTorch operators "
                     f"(the profiled call ran {len(checked.kernels)} kernels{': ' + seen if seen else ''}; "
-                    f"its sessions recorded {'; '.join(checked.profile_sessions) or 'nothing'})")
+                    f"its sessions recorded {_sessions_text(checked.profile_sessions)})")
     replaced = {op for op in reference_ops if op not in NON_COMPUTE_OPS}
     if replaced and replaced <= set(checked.ops):
         return ("the candidate still calls every PyTorch operator of the reference "
                 f"({', '.join(sorted(replaced))}): replace them with the custom kernel, do not fall back to PyTorch")
     return None
+
+
+def _sessions_text(sessions: list[list[int]]) -> str:
+    return "; ".join(f"{k} kernels, {f} of {n} fillers" for k, f, n in sessions) or "nothing"
 
 
 def worker_failure(result: Any) -> tuple[str, str]:

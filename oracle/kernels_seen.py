@@ -46,9 +46,9 @@ class Seen:
         """The session recorded no kernel at all, not even the fillers it launched: it cannot say what ran."""
         return self.launched > 0 and not self.fillers and not self.names
 
-    def summary(self) -> str:
-        """One line for a verdict's record: what the session recorded."""
-        return f"{len(self.names)} kernels, {self.fillers} of {self.launched} fillers"
+    def counts(self) -> list[int]:
+        """What the session recorded, for a verdict's record: [kernels, fillers recorded, fillers launched]."""
+        return [len(self.names), self.fillers, self.launched]
 
     def add(self, name: str, duration_us: float) -> None:
         if profiler_head.is_filler(name):

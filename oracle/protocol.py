@@ -132,7 +132,8 @@ class Checked(Record):
     compiled_now: bool
     kernel_ms: float | None = None  # GPU time of the kernels of one profiled call (None on a CPU)
     flags: list[str] = field(default_factory=list)
-    profile_sessions: list[str] = field(default_factory=list)  # what each CUDA profiling session recorded
+    # what each CUDA profiling session recorded: [kernels, fillers recorded, fillers launched]
+    profile_sessions: list[list[int]] = field(default_factory=list)
     # every session recorded nothing, not even its own filler kernels: the profiler could not say what ran
     kernels_unseen: bool = False
 

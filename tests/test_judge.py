@@ -39,7 +39,7 @@ def test_own_kernel_rules():
     source = "__global__ void relu_kernel(float* x) {}"
     other = judge.own_kernel_problem("cuda", source, checked(), ["aten::relu"])  # k_relu is not relu_kernel
     assert other is not None and "(the profiled call ran 1 kernels: k_relu; its sessions recorded nothing)" in other
-    none = judge.own_kernel_problem("cuda", source, checked(kernels=[], profile_sessions=["0 kernels, 4 of 4 fillers"]), [])
+    none = judge.own_kernel_problem("cuda", source, checked(kernels=[], profile_sessions=[[0, 4, 4]]), [])
     assert "(the profiled call ran 0 kernels; its sessions recorded 0 kernels, 4 of 4 fillers)" in none
     assert judge.own_kernel_problem("cuda", source, checked(kernels=["void relu_kernel(float*)"]), ["aten::relu"]) is None
     assert "never called" in judge.own_kernel_problem("cpp", "", checked(own_calls=0), ["aten::relu"])
@@ -52,7 +52,7 @@ def test_a_blind_profiler_does_not_reject_but_the_operator_rule_still_holds():
     kernel-name rule is skipped rather than a correct kernel rejected; calling every operator of the
     reference is still caught at the dispatcher."""
     source = "__global__ void relu_kernel(float* x) {}"
-    blind = {"kernels": [], "kernels_unseen": True, "profile_sessions": ["0 kernels, 0 of 4 fillers"] * 3}
+    blind = {"kernels": [], "kernels_unseen": True, "profile_sessions": [[0, 0, 4]] * 3}
     assert judge.own_kernel_problem("cuda", source, checked(**blind), ["aten::relu"]) is None
     fallback = judge.own_kernel_problem("cuda", source, checked(ops=["aten::relu"], **blind), ["aten::relu"])
     assert "still calls every PyTorch operator" in fallback
@@ -296,7 +296,7 @@ def test_a_profiled_call_that_recorded_no_kernel_is_profiled_again(monkeypatch):
     profiled = harness._profile_call_timed(lambda x: calls.append(x) or x.relu(), [torch.ones(2)], "cuda")
     assert profiled.kernels == ["void relu_kernel(float*)"] and len(sessions) == 3 and len(calls) == 4
     assert profiled.ops == ["aten::relu"] and not profiled.blind
-    assert profiled.sessions == ["0 kernels, 0 of 2 fillers", "0 kernels, 3 of 3 fillers", "1 kernels, 4 of 4 fillers"]
+    assert profiled.sessions == [[0, 0, 2], [0, 3, 3], [1, 4, 4]]
     for fillers, blind in ((0, True), (2, False)):  # a call that truly launches nothing is not retried forever
         answers[:] = [(set(), fillers)] * harness.PROFILE_TRIES
         sessions.clear()

@@ -77,9 +77,9 @@ def test_the_summary_says_how_many_candidates_were_on_the_device_at_once():
 
 
 def test_the_profiling_sessions_are_counted_by_what_they_recorded():
-    judged = [{"timing": {"profile_sessions": ["1 kernels, 3 of 3 fillers"]}},
-              {"timing": {"profile_sessions": ["0 kernels, 1 of 4 fillers", "2 kernels, 5 of 5 fillers"]}},
-              {"timing": {"profile_sessions": ["0 kernels, 0 of 3 fillers"] * 3}, "flags": ["kernels_unseen"]},
+    judged = [{"timing": {"profile_sessions": [[1, 3, 3]]}},
+              {"timing": {"profile_sessions": [[0, 1, 4], [2, 5, 5]]}},
+              {"timing": {"profile_sessions": [[0, 0, 3]] * 3}, "flags": ["kernels_unseen"]},
               {"timing": {}}, {}]
     assert throughput.profile_sessions(judged) == {"profiled": 3, "retried": 2, "sessions_losing_fillers": 4,
                                                    "kernels_unseen": 1}
