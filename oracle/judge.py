@@ -189,7 +189,8 @@ def score(timing: dict[str, Any], eager: dict[str, Any] | None, floor: dict[str,
     eager_ms = eager.get("median_ms")
     sp_e = eager_ms / time_ms if eager_ms and time_ms > 0 else None
     return dict(status="correct", message=correct_message(time_ms, eager_ms, None), time_ms=time_ms, eager_ms=eager_ms,
-                speedup_vs_eager=sp_e, flags=flags, timing=info, sol_ms=sol_ms, sol_fraction=sol_fraction)
+                eager_measured_at=eager.get("measured_at"), speedup_vs_eager=sp_e, flags=flags, timing=info,
+                sol_ms=sol_ms, sol_fraction=sol_fraction)
 
 
 def with_compile_baseline(fields: dict[str, Any], compile_timing: dict[str, Any] | None,

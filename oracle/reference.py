@@ -357,6 +357,8 @@ class References:
                 self.process.request("prepare", request.to_json())
                 eager = self.process.request("time_eager", timed)
             spent = time.perf_counter() - started
+        if isinstance(eager, dict):
+            eager = {**eager, "measured_at": time.time()}  # kept on disk: a later run knows it is not its own
         self._write_baselines(key, task, eager=eager)
         return eager, spent
 

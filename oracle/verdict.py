@@ -48,6 +48,9 @@ class Verdict:
     device: str = "cpu"
     time_ms: float | None = None  # the candidate's median time per call
     eager_ms: float | None = None
+    # When that eager baseline was timed (time.time()): a search re-times a lone best kernel only when its
+    # baseline is older than the run (read from the disk cache), `search.controller`
+    eager_measured_at: float | None = None
     compile_ms: float | None = None
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None

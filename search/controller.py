@@ -5,7 +5,8 @@ turns each into a candidate (`oracle.extract.candidate_from_completion`), de-dup
 hash, sends new ones to the oracle pool as they arrive, records every sample in the run store as a
 `SampleRecord`, and applies the `StopRule`: a task stops when a verified-correct kernel reaches the target
 speedup (or its budget is spent), cancelling its outstanding work. The best kernel is re-timed in a fresh
-process before it is reported.
+process before it is reported, when its one timing could be biased: it was the fastest of several correct
+kernels, or its eager baseline was not timed in this run (`timing_stands`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class TaskState:
     task: Task
     verdicts: dict[str, asyncio.Future] = field(default_factory=dict)  # candidate hash -> its Verdict
     first_sample: dict[str, int] = field(default_factory=dict)  # hash -> index of the sample that brought it
-    best: tuple[float, Candidate] | None = None  # (time_ms, candidate) of the fastest correct sample
+    best: tuple[float, Candidate, SampleRecord] | None = None  # the fastest correct sample: (time_ms, candidate, it)
+    correct: set[str] = field(default_factory=set)  # hashes of the task's distinct correct kernels
     stopped: bool = False
     stop_reason: str = ""
     requests: set[str] = field(default_factory=set)
@@ -116,6 +118,7 @@ class Controller:
         self.on_record = on_record or (lambda record: None)
         self.recorded: dict[tuple[str, int], SampleRecord] = {r.key: r for r in store.samples()}  # by slot
         self.baselines = store.baselines()  # by task, on resume
+        self.started = time.time()  # eager baselines timed since are this run's own (`timing_stands`)
         self.oracle_slots = asyncio.Semaphore(pool.capacity)  # no more in flight than the oracles can work on
         # rounds of one chain build on each other; otherwise every sample starts afresh and is a chain of its own
         self.chained = not (strategy.shares_prompt(1) or plan.rounds == 1)
@@ -313,8 +316,10 @@ class Controller:
     def _note_verdict(self, state: TaskState, record: SampleRecord) -> None:
         if not record.correct or record.time_ms is None:
             return
+        if record.hash:
+            state.correct.add(record.hash)
         if record.candidate is not None and (state.best is None or record.time_ms < state.best[0]):
-            state.best = (record.time_ms, record.candidate)
+            state.best = (record.time_ms, record.candidate, record)
         self._stop_if_fast(state, record.speedup_vs_eager)
 
     def _stop_if_fast(self, state: TaskState, speedup_vs_eager: float | None) -> None:
@@ -326,13 +331,32 @@ class Controller:
                 asyncio.get_running_loop().create_task(self.generator.abort(request_id))
 
     async def _report_best(self, state: TaskState) -> None:
-        """Re-time the task's best kernel in a fresh process and write it to best/."""
+        """Write the task's best kernel to best/, re-timed in a fresh process unless its own timing stands."""
         if state.best is None or self.store.best(state.task.id):
             return
-        _, candidate = state.best
-        verdict = await self.pool.evaluate(state.task, candidate, retime=True)
-        data = verdict.to_json()
-        data["retimed"] = True
-        data["retimed_at"] = time.time()  # when the run had it: a run's tail is its re-timings
+        _, candidate, record = state.best
+        record = self.recorded.get(record.key, record)  # with its task's torch.compile baseline, once recorded
+        if record.verdict is not None and timing_stands(len(state.correct), record.verdict, self.started):
+            data = record.verdict.to_json()
+            data["retimed"] = False
+            data["not_retimed"] = NOT_RETIMED
+        else:
+            verdict = await self.pool.evaluate(state.task, candidate, retime=True)
+            data = verdict.to_json()
+            data["retimed"] = True
+            data["retimed_at"] = time.time()  # when the run had it: a run's tail is its re-timings
         data["stop_reason"] = state.stop_reason
         self.store.write_best(state.task.id, candidate.source, data)
+
+
+NOT_RETIMED = "the task's only correct kernel, timed beside an eager baseline timed in this run"
+
+
+def timing_stands(correct_kernels: int, verdict: Verdict, run_started: float) -> bool:
+    """Whether a best kernel's own verdict is as good as a re-timing (docs/oracle.md, rule 18). A re-timing
+    corrects two biases: the fastest single timing among several correct kernels is biased low (the noise
+    that made it fastest), and a baseline read from the disk cache was timed under other conditions. A task's
+    only correct kernel, timed against eager timed in this run, has neither: re-timing it would only spend
+    the device's time (on a corpus of one correct kernel a task, the whole tail of a run)."""
+    measured = verdict.eager_measured_at
+    return correct_kernels == 1 and measured is not None and measured >= run_started

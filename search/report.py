@@ -191,8 +191,8 @@ def _level_table(labels: list[str], runs: list[RunStats]) -> Table | None:
 
 def _task_table(label: str, rs: RunStats, width: int = 200) -> Table:
     table = Table(title=f"tasks of {escape(label)}",
-                  caption="#1: a task's first sample; best: the re-timed best/ kernel; (sample): not re-timed, "
-                          "the best sample's own timing")
+                  caption="#1: a task's first sample; best: the best/ kernel, re-timed; (sample): its own "
+                          "timing (the task's only correct kernel, or a run cut before best/)")
     add_id_column(table, "task", rs.tasks, room=width - 75)  # the other columns need about 75
     for col, justify in (("samples", "right"), ("statuses", "left"),
                          ("first correct", "right"), ("best x eager", "right"), ("best x compile", "right")):

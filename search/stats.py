@@ -269,7 +269,7 @@ class TaskStats:
     first_correct_index: int | None = None  # the first correct sample's index (from 0)
     speedups_vs_eager: list[float] = field(default_factory=list)  # one a judged sample, 0 if not correct
     speedups_vs_compile: list[float] = field(default_factory=list)
-    best_speedup_vs_eager: float | None = None  # re-timed best/ verdict if there is one, else best sample
+    best_speedup_vs_eager: float | None = None  # the best/ verdict if there is one, else best sample
     best_speedup_vs_compile: float | None = None
     best_retimed: bool = False
     tokens: int = 0
@@ -340,8 +340,8 @@ def summarize(tasks: Sequence[TaskStats], ps: Sequence[float] = FAST_PS, compile
 class RunStats:
     """Everything `kernelsearch report` says about one run, from its sample records and config.
 
-    `best` maps a task id to its re-timed best/ verdict (optional): the per-task best speedup is that
-    re-timed number when there is one, since a single timing of the best of n is biased upward.
+    `best` maps a task id to its best/ verdict (optional): the per-task best speedup is that number when
+    there is one, re-timed where a single timing of the best of n is biased upward (`retimed`).
     """
 
     def __init__(self, records: Sequence[SampleRecord], config: dict[str, Any] | None = None,
@@ -383,7 +383,7 @@ class RunStats:
             if isinstance(verdict, dict) and self._passes(verdict) and number_or_none(verdict.get("speedup_vs_eager")):
                 t.best_speedup_vs_eager = number_or_none(verdict.get("speedup_vs_eager"))
                 t.best_speedup_vs_compile = number_or_none(verdict.get("speedup_vs_compile"))
-                t.best_retimed = True
+                t.best_retimed = verdict.get("retimed") is not False  # False: its own timing stood (rule 18)
             else:
                 t.best_speedup_vs_eager = t.best_sample_speedup_vs_eager
                 t.best_speedup_vs_compile = t.best_sample_speedup_vs_compile

@@ -8,7 +8,8 @@
 - `baselines.jsonl`: one `CompileBaseline` a line: a task's `torch.compile` time, recorded once it is
   measured. A correct sample is recorded as soon as it is judged, before its task's compile baseline
   (compiled in the background, it can take minutes), so a run cut short keeps every verdict it reached.
-- `best/`: the best kernel of each task (`<task>.py`) and its re-timed verdict (`<task>.json`).
+- `best/`: the best kernel of each task (`<task>.py`) and its verdict (`<task>.json`), re-timed or its own
+  (`search.controller.timing_stands`).
 
 `read_samples` is the one reader of `samples.jsonl` and of the `baselines.jsonl` beside it: it gives each
 correct verdict that was recorded before its task's baseline its `torch.compile` speedup. It also reads

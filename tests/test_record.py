@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from oracle.candidate import Candidate
 from oracle.protocol import MemoryPeak
 from oracle.verdict import NOT_JUDGED, SAMPLE_STATUSES, STATUSES, WORKER_STATUSES, Verdict, is_judged
-from search.controller import Controller, SearchPlan
+from search.controller import Controller, SearchPlan, timing_stands
 from search.stop import StopRule
 from search.store import CompileBaseline, OracleDevice, RunStore, SampleRecord, StoreError, read_samples
 from strategies import make_strategy
@@ -222,6 +223,62 @@ def test_resume_counts_earlier_samples_for_duplicates_the_best_and_the_stop(tmp_
     assert sum(len(r.seeds) for r in generator.requests) == 2  # only the two missing samples were generated
     assert store.best(LEAKY)["status"] == "correct"  # the best kernel came from a recorded sample
 
+
+
+class StampedPool(StubPool):
+    """A StubPool whose correct verdicts say when their eager baseline was timed (`eager_at()`), and which
+    notes each re-timing it is asked for."""
+
+    def __init__(self, judge, eager_at):
+        super().__init__(judge)
+        self.eager_at = eager_at
+        self.retimed: list[str] = []
+
+    async def evaluate(self, task, candidate, retime=False) -> Verdict:
+        verdict = await super().evaluate(task, candidate, retime)
+        if retime:
+            self.retimed.append(candidate.hash)
+        if verdict.correct:
+            verdict.eager_measured_at = self.eager_at()
+        return verdict
+
+
+@pytest.mark.parametrize("kinds, eager_age_s, retimed", [
+    ("AB", 0.0, False),  # one correct kernel, eager timed in this run: its own verdict stands
+    ("AC", 0.0, True),  # the fastest of two correct kernels: re-timed
+    ("AB", 3600.0, True),  # eager read from a disk cache filled before the run: re-timed
+    ("AB", None, True),  # a baseline that does not say when it was timed: re-timed
+])
+def test_a_best_kernel_is_retimed_only_where_its_own_timing_could_be_biased(tmp_path, kinds, eager_age_s, retimed):
+    speedups = {"A": 2.0, "B": None, "C": 1.5}
+
+    def answer(request, i):
+        return f"```python\nimport torch\n# {kinds[request.samples[i]]}\nclass ModelNew(torch.nn.Module): pass\n```"
+
+    def judge(source):
+        kind = source.split("# ")[1][0]
+        return ("correct", "correct", speedups[kind]) if speedups[kind] else ("incorrect", "wrong", None)
+
+    eager_at = (lambda: None) if eager_age_s is None else (lambda: time.time() - eager_age_s)
+    pool = StampedPool(judge, eager_at)
+    store = RunStore.create(tmp_path / "run", {"strategy": "zero-shot", "strategy_options": {"backend": "cpp"}})
+    run(store, SearchPlan(n=2, seed=1, early_stop=False), StubGenerator(answer), pool)
+    best = store.best(LEAKY)
+    sample = next(r for r in store.samples() if r.correct and r.speedup_vs_eager == 2.0)
+    assert best["status"] == "correct" and best["retimed"] is retimed and best["hash"] == sample.hash
+    assert pool.retimed == ([sample.hash] if retimed else [])
+    if not retimed:  # the sample's verdict, as recorded, and why it was not timed again
+        assert best["speedup_vs_eager"] == sample.verdict.speedup_vs_eager and "only correct kernel" in best["not_retimed"]
+        assert "retimed_at" not in best
+
+
+def test_timing_stands_only_for_a_lone_kernel_against_this_runs_eager():
+    verdict = Verdict(LEAKY, "correct", "ok", time_ms=1.0, eager_ms=2.0, eager_measured_at=100.0)
+    assert timing_stands(1, verdict, run_started=99.0)
+    assert not timing_stands(2, verdict, run_started=99.0)
+    assert not timing_stands(1, verdict, run_started=101.0)
+    verdict.eager_measured_at = None
+    assert not timing_stands(1, verdict, run_started=0.0)
 
 def test_a_run_from_before_resumes_its_missing_sample(tmp_path):
     import shutil
