@@ -257,8 +257,8 @@ def profile_sessions(judged: list[dict]) -> dict:
 
 
 def tail(out: Path, judged: list[dict], started: float) -> dict:
-    """What a run did after its last verdict: the re-timed best kernels (`best/`) and the torch.compile
-    baselines it still waited for, with when the last of each came (seconds from the start), and how long
+    """What a run did after its last verdict: the best kernels (`best/`; how many were re-timed) and the
+    torch.compile baselines it still waited for, with when the last of each came (seconds from the start), and how long
     the re-timings waited for room among the kept references (p50 and most: on an H200 a level-1 task at
     the dataset's sizes fills that share alone, so its re-timings go one at a time)."""
     from search.store import RunStore, read_baselines
@@ -270,6 +270,7 @@ def tail(out: Path, judged: list[dict], started: float) -> dict:
     memory_waits = [(b.get("queued_s") or {}).get("reference_memory", 0.0) for b in bests]
     baseline_at = [b.recorded_at for b in read_baselines(out / "baselines.jsonl").values() if b.recorded_at]
     return {"last_verdict_at_s": round(last - started, 1), "bests": len(bests),
+            "bests_retimed": sum(b.get("retimed") is not False for b in bests),  # the others kept their verdict
             "last_best_at_s": round(max(best_at) - started, 1) if best_at else None,
             "baselines_after_last_verdict": sum(t > last for t in baseline_at),
             "last_baseline_at_s": round(max(baseline_at) - started, 1) if baseline_at else None,

@@ -49,15 +49,15 @@ def test_the_summary_counts_a_run_folder_through_the_one_reader(tmp_path):
     assert s["queued_p50"] == {"build": 0.1, "device": 4.0} and s["queued_p90"] == {"build": 0.3, "device": 6.0}
     assert s["startup"]["ray"] == 2.0 and (s["build_p50_s"], s["build_p90_s"]) == (20.0, 30.0)  # nearest rank
     # the tail: after the last verdict (at 20 s) the best kernel re-timed at 31 s, no baseline left to wait for
-    assert s["tail"] == {"last_verdict_at_s": 20.0, "bests": 0, "last_best_at_s": None,
+    assert s["tail"] == {"last_verdict_at_s": 20.0, "bests": 0, "bests_retimed": 0, "last_best_at_s": None,
                          "baselines_after_last_verdict": 0, "last_baseline_at_s": 5.0,
                          "best_reference_memory_wait_s": None}
     store.write_best(task, right.read_text(), {"status": "correct", "retimed_at": 1031.0,
                                                "queued_s": {"device": 40.0, "reference_memory": 12.5}})
-    store.write_best(task2, wrong.read_text(), {"status": "correct", "retimed_at": 1029.0})  # no wait recorded
+    store.write_best(task2, wrong.read_text(), {"status": "correct", "retimed": False})  # its own verdict kept
     store.append_baseline(CompileBaseline(task2, {"median_ms": 3.0}, None, 1025.0))
     assert throughput.summarize(store.root, expected, started=1000.0)["tail"] == {
-        "last_verdict_at_s": 20.0, "bests": 2, "last_best_at_s": 31.0, "baselines_after_last_verdict": 1,
+        "last_verdict_at_s": 20.0, "bests": 2, "bests_retimed": 1, "last_best_at_s": 31.0, "baselines_after_last_verdict": 1,
         "last_baseline_at_s": 25.0, "best_reference_memory_wait_s": [0.0, 12.5]}
 
 
