@@ -54,7 +54,7 @@ class TaskState:
     task: Task
     verdicts: dict[str, asyncio.Future] = field(default_factory=dict)  # candidate hash -> its Verdict
     first_sample: dict[str, int] = field(default_factory=dict)  # hash -> index of the sample that brought it
-    best: tuple[float, Candidate, SampleRecord] | None = None  # the fastest correct sample: (time_ms, candidate, it)
+    best: SampleRecord | None = None  # the fastest correct sample (with its candidate)
     correct: set[str] = field(default_factory=set)  # hashes of the task's distinct correct kernels
     stopped: bool = False
     stop_reason: str = ""
@@ -318,8 +318,8 @@ class Controller:
             return
         if record.hash:
             state.correct.add(record.hash)
-        if record.candidate is not None and (state.best is None or record.time_ms < state.best[0]):
-            state.best = (record.time_ms, record.candidate, record)
+        if record.candidate is not None and (state.best is None or record.time_ms < state.best.time_ms):
+            state.best = record
         self._stop_if_fast(state, record.speedup_vs_eager)
 
     def _stop_if_fast(self, state: TaskState, speedup_vs_eager: float | None) -> None:
@@ -334,8 +334,8 @@ class Controller:
         """Write the task's best kernel to best/, re-timed in a fresh process unless its own timing stands."""
         if state.best is None or self.store.best(state.task.id):
             return
-        _, candidate, record = state.best
-        record = self.recorded.get(record.key, record)  # with its task's torch.compile baseline, once recorded
+        record = self.recorded.get(state.best.key, state.best)  # with its task's torch.compile baseline, once recorded
+        candidate = record.candidate
         if record.verdict is not None and timing_stands(len(state.correct), record.verdict, self.started):
             data = record.verdict.to_json()
             data["retimed"] = False

@@ -224,7 +224,6 @@ def test_resume_counts_earlier_samples_for_duplicates_the_best_and_the_stop(tmp_
     assert store.best(LEAKY)["status"] == "correct"  # the best kernel came from a recorded sample
 
 
-
 class StampedPool(StubPool):
     """A StubPool whose correct verdicts say when their eager baseline was timed (`eager_at()`), and which
     notes each re-timing it is asked for."""
@@ -279,6 +278,7 @@ def test_timing_stands_only_for_a_lone_kernel_against_this_runs_eager():
     assert not timing_stands(1, verdict, run_started=101.0)
     verdict.eager_measured_at = None
     assert not timing_stands(1, verdict, run_started=0.0)
+
 
 def test_a_run_from_before_resumes_its_missing_sample(tmp_path):
     import shutil

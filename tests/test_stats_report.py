@@ -175,7 +175,8 @@ def write_run(root: Path, strategy: str, n: int, records: list[dict], best: dict
 @pytest.fixture
 def run_a(tmp_path) -> Path:
     """n=4. A: 2 of 4 correct (one a duplicate), 1.5x eager, 0.9x compile. B: nothing correct.
-    C: stopped early after 2 judged samples (1 correct at 2.5x), a third cancelled; re-timed best 2.4x."""
+    C: stopped early after 2 judged samples (1 correct at 2.5x), a third cancelled; re-timed best 2.4x.
+    A's best/ is its own verdict (`"retimed": false`)."""
     s = "best_of_n"
     records = [
         sample("level1/1_A", s, 0, "correct", 4, 1.5, 0.9, at=1),
@@ -190,7 +191,9 @@ def run_a(tmp_path) -> Path:
         sample("level2/3_C", s, 1, "correct", 4, 2.5, 1.2, at=10),
         sample("level2/3_C", s, 2, "cancelled", 4, time_s=None, build_s=None, tokens=40, at=11),
     ]
-    best = {"level2__3_C": {"status": "correct", "speedup_vs_eager": 2.4, "speedup_vs_compile": 1.1, "retimed": True}}
+    # A's only correct kernel kept its own verdict (not re-timed); C's best was re-timed
+    best = {"level1__1_A": {"status": "correct", "speedup_vs_eager": 1.5, "speedup_vs_compile": 0.9, "retimed": False},
+            "level2__3_C": {"status": "correct", "speedup_vs_eager": 2.4, "speedup_vs_compile": 1.1, "retimed": True}}
     return write_run(tmp_path / "run_a", s, 4, records, best)
 
 
