@@ -49,6 +49,24 @@ diagnose() {
   done >> "$file" 2>&1
 }
 
+# The cores in use every 2 s while a step runs (`$out/STEP.cpu`: seconds from its start, cores busy): whether
+# the host or the device bounded it.
+cpu_sampler() {
+  local n start prev cur busy total
+  n=$(nproc); start=$(date +%s); read -ra prev < <(head -1 /proc/stat)
+  while sleep 2; do
+    read -ra cur < <(head -1 /proc/stat)
+    busy=0; total=0
+    for i in 1 2 3 4 5 6 7 8; do
+      d=$(( cur[i] - prev[i] )); total=$(( total + d ))
+      [ "$i" -ne 4 ] && [ "$i" -ne 5 ] && busy=$(( busy + d ))
+    done
+    c=$(( 100 * n * busy / (total > 0 ? total : 1) ))
+    printf '%d %d.%02d\n' $(( $(date +%s) - start )) $(( c / 100 )) $(( c % 100 ))
+    prev=("${cur[@]}")
+  done
+}
+
 # Run folders travel as one archive each (few files come back from a device call).
 pack() {
   for d in "$work"/*-run; do
@@ -69,10 +87,12 @@ for item in ${*:-smoke throughput tests}; do
   echo "== $step (at most $seconds s) $(date +%T)"
   setsid bash -c "$command" &
   leader=$!
+  cpu_sampler > "$out/$step.cpu" 2>/dev/null &
+  sampler=$!
   ( sleep "$seconds"; diagnose "$step"; kill -TERM -- "-$leader" 2>/dev/null; sleep 5; kill -KILL -- "-$leader" 2>/dev/null ) &
   watchdog=$!
   wait "$leader"; echo "   exit $?"
-  kill "$watchdog" 2>/dev/null; wait "$watchdog" 2>/dev/null
+  kill "$watchdog" "$sampler" 2>/dev/null; wait "$watchdog" "$sampler" 2>/dev/null
   kill -KILL -- "-$leader" 2>/dev/null  # whatever the step left behind
   tail -n "${TAIL:-25}" "$out/$step.log" 2>/dev/null || ls "$out"
 done

@@ -240,6 +240,8 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
             "phases_p50": {k: pct(v, 0.5) for k, v in phases.items()}, "phases_sum": {k: sum(v) for k, v in phases.items()},
             "queued_p50": {k: pct(v, 0.5) for k, v in queued.items()}, "queued_p90": {k: pct(v, 0.9) for k, v in queued.items()},
             "worker_phases_p50": {k: pct(v, 0.5) for k, v in worker_phases.items()},
+            # timed workers whose checks waited for their profiling warm-up (started for their job, not on standby)
+            "warm_up_waits": len(worker_phases.get("warm-up", [])),
             "worker_memory_top_mb": worker_memory_top, "profile": profile_sessions(judged),
             "build_p50_s": pct(builds, 0.5), "build_p90_s": pct(builds, 0.9), "how_built": how_built,
             "as_expected": sum(v["as_expected"] for v in verdicts), "verdicts": verdicts}
@@ -382,7 +384,7 @@ def main() -> None:
         print(f"ours: {o['candidates']} candidates in {o['wall_s']:.0f} s = {o['per_min']:.1f} a minute (rc {o['rc']}); "
               f"device s per candidate p50 {o['device_s_p50']}, p95 {o['device_s_p95']}; by phase p50 {o['phases_p50']}; "
               f"build p50 {o['build_p50_s']}, p90 {o['build_p90_s']}; verdicts as expected {o['as_expected']}/{o['candidates']}")
-        print(f"worker phases p50 (s): {o['worker_phases_p50']}")
+        print(f"worker phases p50 (s): {o['worker_phases_p50']}; waited for their warm-up: {o['warm_up_waits']}")
         print(f"fresh builds: {o['how_built']}")
         print(f"profiling sessions: {o['profile']}")
         print(f"startup: {o['startup']}")

@@ -21,6 +21,7 @@ import ray
 from oracle.candidate import Candidate
 from oracle.device_slots import DeviceSlots
 from oracle.evaluate import Oracle, OracleConfig, not_measured
+from oracle.occupancy import Occupancy
 from oracle.verdict import Verdict
 from tasks.model import Task
 
@@ -39,8 +40,10 @@ class OracleActor:
         self.build_slots = asyncio.Semaphore(build_slots)
         # candidates on the device at once: their checks overlap, their timing does not (oracle.device_lock);
         # re-timings wait while the oracle has candidates (oracle.device_slots)
-        # and while none is, more torch.compile baselines are made at once
-        self.device_slots = DeviceSlots(config.device_slots, on_idle=self.oracle.references.search_idle)
+        self.device_slots = DeviceSlots(config.device_slots)
+        # candidates from their arrival to the end of their build: while none is, the build cores are free
+        # and more torch.compile baselines are made at once
+        self.building = Occupancy(self.oracle.references.cores_idle)
         self.busy = {"building": 0, "timing": 0, "queued": 0}
         self._preparing: dict[str, asyncio.Future] = {}  # per task code: its reference made beside the first build
         # threads of their own: waiting for the reference process or the device, they would otherwise take
@@ -55,18 +58,19 @@ class OracleActor:
         candidate = Candidate(**candidate_json)
         self._prepare(task)
         async with self.device_slots.candidate():  # from here to its verdict, re-timings wait
-            self.busy["queued"] += 1
-            asked = time.perf_counter()
-            async with self.build_slots:
-                queued = {"build": round(time.perf_counter() - asked, 4)}
-                self.busy["queued"] -= 1
-                self.busy["building"] += 1
-                t0 = time.perf_counter()
-                try:
-                    build = await asyncio.to_thread(self.oracle.build, candidate)
-                finally:
-                    self.busy["building"] -= 1
-                    self.build_s += time.perf_counter() - t0
+            with self.building.held():
+                self.busy["queued"] += 1
+                asked = time.perf_counter()
+                async with self.build_slots:
+                    queued = {"build": round(time.perf_counter() - asked, 4)}
+                    self.busy["queued"] -= 1
+                    self.busy["building"] += 1
+                    t0 = time.perf_counter()
+                    try:
+                        build = await asyncio.to_thread(self.oracle.build, candidate)
+                    finally:
+                        self.busy["building"] -= 1
+                        self.build_s += time.perf_counter() - t0
             return await self._checked_and_timed(task, candidate, build, queued=queued)
 
     def _prepare(self, task: Task) -> None:

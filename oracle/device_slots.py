@@ -14,14 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 
 class DeviceSlots:
-    def __init__(self, slots: int, on_idle: Callable[[bool], None] | None = None) -> None:
+    def __init__(self, slots: int) -> None:
         self.free = slots
-        # told when the last candidate leaves the oracle (True) and when the next one comes (False)
-        self.on_idle = on_idle
         self._waiting: dict[int, bool] = {}  # ticket -> first verdict (True) or re-timing (False), in order
         self.candidates = 0  # in the oracle, from the ask to the verdict (`candidate`)
         self._tickets = itertools.count()
@@ -43,15 +41,11 @@ class DeviceSlots:
         """A candidate in the oracle for the block (its build, its wait for a slot, its checks and timing):
         re-timings wait until none is."""
         self.candidates += 1
-        if self.candidates == 1 and self.on_idle:
-            self.on_idle(False)
         try:
             yield
         finally:
             async with self._changed:
                 self.candidates -= 1
-                if self.candidates == 0 and self.on_idle:
-                    self.on_idle(True)
                 self._changed.notify_all()
 
     @contextlib.asynccontextmanager

@@ -64,7 +64,7 @@ class OracleConfig:
     time_timeout_s: float = 300.0
     compile_timeout_s: float = 600.0
     compile_workers: int | None = None  # torch.compile baselines made at once (default: a quarter of the cores, 1-4)
-    # the same while the oracle has no candidate to build or judge (default: half the cores, up to 8)
+    # the same while the oracle has no candidate to build or waiting for a build (default: half the cores, up to 8)
     compile_workers_idle: int | None = None
     cache_dir: Path | None = None
     threads: int | None = None  # torch threads in workers (default: every core, the same for candidate and baselines)

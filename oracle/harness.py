@@ -196,7 +196,8 @@ def warm_profiler(device: str) -> threading.Thread:
     """Make the first use of what `_profile_call_timed` uses in the background: the first call under a
     dispatch mode (about 0.8 s: torch imports its machinery) and, on a GPU, the profiler's first start
     (CUPTI loaded and set up, some tens of ms). In a fresh worker process these would follow the checks;
-    this way they overlap the import and the checks. Join the thread before the profiled call."""
+    this way they overlap the process's wait for its job (on standby) or its import. Join the thread
+    before the checks: it holds the interpreter lock for most of its run."""
 
     def warm() -> None:
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -216,6 +217,16 @@ def warm_profiler(device: str) -> threading.Thread:
     thread = threading.Thread(target=warm, name="profiling warm-up", daemon=True)
     thread.start()
     return thread
+
+
+def warmed_up(conn: Connection, warming: threading.Thread, deadline_s: float) -> None:
+    """Wait for the warm-up before the checks, as a phase of its own (`warm-up`) when it is still running.
+    Not beside them: while it starts the profiler it holds the interpreter lock, and the thread issuing the
+    checks' launches made 640 in 2 s against 34,500 (benchmarks/profiler_race.py). A worker on standby has
+    long finished; one started for its job waits here."""
+    if warming.is_alive():
+        send(conn, phase="warm-up", deadline_s=deadline_s)
+        warming.join()
 
 
 # Profiled calls that may see no kernel at all before the candidate is taken at its word: a CUDA session
@@ -492,6 +503,7 @@ def _run_candidate(conn: Connection, job: CandidateJob, warming: threading.Threa
         del reference_state
         models.append(candidate)
     param_snapshots = [[p.detach().clone() for p in m.state_dict().values()] for m in models]
+    warmed_up(conn, warming, job.call_timeout_s * 3)
 
     share = _Sharer(conn, job.share_dir)
     first_outputs: list[Any] | None = None
@@ -542,7 +554,6 @@ def _run_candidate(conn: Connection, job: CandidateJob, warming: threading.Threa
         case0 = Case.from_json(job.cases[0])
         inputs0 = _seeded_inputs(modules[case0.code], case0.seed, device)
         send(conn, phase="profile", deadline_s=job.call_timeout_s * 3)
-        warming.join()
         profiled = _profile_call_timed(models[case0.code], inputs0, device)
         # the checks' last inputs and outputs go before the timing sets are made (3 GB each at a level-1
         # task's default size; held, they raised the worker's peak beyond what the oracle promised it)

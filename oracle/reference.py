@@ -83,7 +83,7 @@ class ReferenceSettings:
     budget_bytes: int
     float64_max_bytes: int = 256 * 1024**2  # see OracleConfig.float64_max_mb
     compile_workers: int = 1  # torch.compile workers at once (each is CPU work; each also holds device memory)
-    compile_workers_idle: int = 1  # the same, while no candidate is in the oracle (`References.search_idle`)
+    compile_workers_idle: int = 1  # the same, while no candidate is being built (`References.cores_idle`)
 
 
 class WorkerLimit:
@@ -228,10 +228,11 @@ class References:
         """The most device memory the reference process reserved in any request so far (a GPU only)."""
         return max((p.reserved_mb for p in self.process.peaks.values()), default=0.0)
 
-    def search_idle(self, idle: bool) -> None:
-        """More torch.compile workers at once while no candidate is being built or judged: the cores are
-        free then, and a run that has judged its candidates waits on their baselines (on an H200 the last 19
-        of 35 came one after another for 94 s after the last verdict, four at a time)."""
+    def cores_idle(self, idle: bool) -> None:
+        """More torch.compile workers at once while no candidate is being built or waits to be: the cores
+        are free then (checks and timings are device work). Widened only once the oracle had no candidate
+        at all, an H200 run still waited 44 s after its last verdict for the last 15 of 35 baselines, four
+        at a time while the last candidates were judged, its builds long over."""
         s = self.settings
         self._compiles.set_limit(max(s.compile_workers, s.compile_workers_idle) if idle else s.compile_workers)
 

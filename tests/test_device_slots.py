@@ -98,29 +98,3 @@ def test_a_cancelled_waiter_gives_its_turn_away():
 
     assert asyncio.run(main()) == ["c1", "r1"]
 
-
-def test_the_oracle_is_told_when_its_last_candidate_leaves_and_when_the_next_comes():
-    """The idle signal widens the torch.compile workers (References.search_idle): once per change, not per
-    candidate, and never before a first candidate has come and gone."""
-    async def main() -> list[bool]:
-        told: list[bool] = []
-        slots = DeviceSlots(2, on_idle=told.append)
-        first, second = asyncio.Event(), asyncio.Event()
-
-        async def candidate(done: asyncio.Event) -> None:
-            async with slots.candidate():
-                await done.wait()
-
-        tasks = [asyncio.create_task(candidate(first)), asyncio.create_task(candidate(second))]
-        await _settle()
-        assert told == [False]  # busy from the first; the second changes nothing
-        first.set()
-        await _settle()
-        assert told == [False]  # one is still in the oracle
-        second.set()
-        await asyncio.gather(*tasks)
-        async with slots.candidate():
-            pass
-        return told
-
-    assert asyncio.run(main()) == [False, True, False, True]

@@ -37,7 +37,7 @@ def test_a_waiting_worker_goes_when_the_limit_grows_and_a_lower_limit_waits_for_
     third.join(10)
 
 
-def test_the_references_widen_their_compile_workers_while_the_search_is_idle(tmp_path):
+def test_the_references_widen_their_compile_workers_while_the_cores_are_idle(tmp_path):
     settings = ReferenceSettings(device="cpu", device_name="cpu", threads=1, check_seeds=(1,), extra_size_seed=2,
                                  timing_seeds=(3,), init_seed=0, timing=TimingParams(), wants_compile=True,
                                  call_timeout_s=60, time_timeout_s=60, compile_timeout_s=60, budget_bytes=1 << 30,
@@ -45,9 +45,9 @@ def test_the_references_widen_their_compile_workers_while_the_search_is_idle(tmp
     refs = References(settings, tmp_path / "baselines", alone=None, shared=None, register=None)
     try:
         assert refs._compiles.limit == 2
-        refs.search_idle(True)
+        refs.cores_idle(True)
         assert refs._compiles.limit == 6
-        refs.search_idle(False)
+        refs.cores_idle(False)
         assert refs._compiles.limit == 2
     finally:
         refs.close()
