@@ -73,6 +73,8 @@ pack() {
     [ -d "$d" ] || continue; n=$(basename "$d")
     (cd "$work" && tar -czf "$out/$n.tgz" "$n" $(ls -d "$n.started" 2>/dev/null))
   done
+  # the baselines' disk cache: each torch.compile baseline's phases (`compile_phases`)
+  (cd "$work" && find . -type d -name baselines | tar -czf "$out/baselines.tgz" -T - 2>/dev/null)
 }
 
 # Which code this is: the device's copy of .git can lag behind its working tree, so its `git log` may name an

@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
 
@@ -84,6 +84,24 @@ class ReferenceSettings:
     float64_max_bytes: int = 256 * 1024**2  # see OracleConfig.float64_max_mb
     compile_workers: int = 1  # torch.compile workers at once (each is CPU work; each also holds device memory)
     compile_workers_idle: int = 1  # the same, while no candidate is being built (`References.cores_idle`)
+
+
+@dataclass
+class CompilePhases:
+    """Where a torch.compile baseline's time went, in seconds (`started_at`: when it was asked for)."""
+
+    started_at: float
+    turn_s: float = 0.0  # waiting for a compile worker's turn (`WorkerLimit`)
+    memory_s: float = 0.0  # waiting for its device memory
+    compile_s: float = 0.0  # the worker's start and the compile, to `ready`
+    alone_wait_s: float = 0.0  # waiting for the device alone
+    time_s: float = 0.0
+
+    def took(self, phase: str, since: float) -> float:
+        """Add the seconds since `since` to `phase`; now, for the next phase."""
+        now = time.perf_counter()
+        setattr(self, phase, round(getattr(self, phase) + now - since, 3))
+        return now
 
 
 class WorkerLimit:
@@ -379,19 +397,28 @@ class References:
                "compile_timeout_s": s.compile_timeout_s, "time_timeout_s": s.time_timeout_s}
         job["timing_seeds"] = self.timing_seeds(task)
         result: dict[str, Any] = {"compile_error": "the torch.compile worker ended without a result"}
+        # where its time went, kept beside it in the disk cache: seconds waiting for a worker's turn and
+        # for device memory, compiling (the worker's start included), waiting for the device alone, timing
+        phases = CompilePhases(started_at=time.time())
+        clock = time.perf_counter()
         try:
             self._compiles.acquire()
+            clock = phases.took("turn_s", clock)
             p = reference.prepared
             # One Triton compile at a time inside each worker: the workers themselves run side by side, and a
             # pool of compile subprocesses per worker costs more to start than a reference's few kernels take.
             worker = Worker(compile_entry, job, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
             with self._reserve((len(job["timing_seeds"]) + 2) * p.input_bytes + 4 * p.output_bytes), self._register(worker):
+                clock = phases.took("memory_s", clock)
                 try:
                     for message in worker.messages():
                         if "ready" in message:
+                            clock = phases.took("compile_s", clock)
                             with self._alone(worker, "torch.compile baseline"), quiet():
+                                clock = phases.took("alone_wait_s", clock)
                                 worker.send(cmd="time")
                                 outcome = run_to_result(worker, close=False)
+                            clock = phases.took("time_s", clock)
                             if outcome.result is not None:
                                 result = outcome.result
                             elif outcome.timed_out_phase:
@@ -407,7 +434,7 @@ class References:
                 finally:
                     worker.close()
             fields = {k: result.get(k) for k in ("compile", "compile_error") if k in result}
-            self._write_baselines(reference.key, task, **fields)
+            self._write_baselines(reference.key, task, **fields, compile_phases=asdict(phases))
         finally:
             self._compiles.release()
             if not reference.compile.done():

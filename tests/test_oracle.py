@@ -288,3 +288,23 @@ def test_a_check_that_waits_for_room_beside_other_tasks_references_says_so(cache
         o.close()
     assert v.status == "correct", v.message
     assert 0.55 <= v.queued_s["reference_memory"] < 10.0, v.queued_s
+
+
+@pytest.mark.slow
+def test_a_compile_baseline_keeps_where_its_time_went(tmp_path, task):
+    """The torch.compile baseline, compiled and timed by its background worker, is written to the disk cache
+    with its phases: the waits and the compile, apart, so that a run's tail can be read from it."""
+    fast = TimingParams(warmup_calls=2, min_calls=5, max_calls=20, target_s=0.2, wall_calls=5)
+    o = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path, timing=fast, call_timeout_s=20, compile_baseline=True))
+    try:
+        before = time.time()
+        o.prepare_task(task)
+        found = o.references.compile_future(task).result(timeout=600)
+        cached = o.references._read_baselines(o.references.key(task))
+    finally:
+        o.close()
+    assert "compile" in found, found
+    phases = cached["compile_phases"]
+    assert before <= phases["started_at"] <= time.time()
+    assert phases["compile_s"] > 0 and phases["time_s"] > 0, phases
+    assert set(phases) == {"started_at", "turn_s", "memory_s", "compile_s", "alone_wait_s", "time_s"}
