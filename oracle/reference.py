@@ -86,13 +86,44 @@ class ReferenceSettings:
     compile_workers_idle: int = 1  # the same, while no candidate is being built (`References.cores_idle`)
 
 
+# What a torch.compile worker holds beyond its tensors: its CUDA context, the compiled kernels, inductor's
+# own buffers (on a GPU, 0.5-1 GB a process).
+COMPILE_WORKER_OVERHEAD_BYTES = 1 << 30
+
+
+def compile_worker_bytes(prepared: Prepared, timing_sets: int) -> tuple[int, int]:
+    """Device memory a torch.compile worker is promised: while it compiles (one input set, its output and
+    one more for inductor's temporaries), then while it is timed (every timing set, the outputs a call
+    keeps alive and the compile's slack). Apart, so that a level-1 task's timing sets (25.6 GB at the
+    dataset's sizes on an H200) are held for the second or so of its timing, not for its whole compile."""
+    p = prepared
+    compiling = p.input_bytes + 2 * p.output_bytes + COMPILE_WORKER_OVERHEAD_BYTES
+    timing = (timing_sets + 2) * p.input_bytes + 4 * p.output_bytes + COMPILE_WORKER_OVERHEAD_BYTES
+    return compiling, timing
+
+
+def _until_ready(worker: Worker, timeout_s: float) -> bool | dict[str, Any]:
+    """Drive a torch.compile worker to `ready` (True), or to the result that says why it cannot be."""
+    try:
+        for message in worker.messages():
+            if "ready" in message:
+                return True
+            if "result" in message:
+                return message["result"]
+    except PhaseTimeout as exc:
+        return {"compile_error": f"{exc} took longer than {timeout_s:.0f} s"}
+    except WorkerDied as exc:
+        return {"compile_error": f"the torch.compile worker {exc}"}
+    return {"compile_error": "the torch.compile worker ended without a result"}
+
+
 @dataclass
 class CompilePhases:
     """Where a torch.compile baseline's time went, in seconds (`started_at`: when it was asked for)."""
 
     started_at: float
+    memory_s: float = 0.0  # waiting for its device memory, to compile and then to be timed
     turn_s: float = 0.0  # waiting for a compile worker's turn (`WorkerLimit`)
-    memory_s: float = 0.0  # waiting for its device memory
     compile_s: float = 0.0  # the worker's start and the compile, to `ready`
     alone_wait_s: float = 0.0  # waiting for the device alone
     time_s: float = 0.0
@@ -397,46 +428,50 @@ class References:
                "compile_timeout_s": s.compile_timeout_s, "time_timeout_s": s.time_timeout_s}
         job["timing_seeds"] = self.timing_seeds(task)
         result: dict[str, Any] = {"compile_error": "the torch.compile worker ended without a result"}
-        # where its time went, kept beside it in the disk cache: seconds waiting for a worker's turn and
-        # for device memory, compiling (the worker's start included), waiting for the device alone, timing
+        # where its time went, kept beside it in the disk cache: seconds waiting for device memory and for a
+        # worker's turn, compiling (the worker's start included), waiting for the device alone, timing
         phases = CompilePhases(started_at=time.time())
         clock = time.perf_counter()
+        compiling, timing = compile_worker_bytes(reference.prepared, len(job["timing_seeds"]))
         try:
-            self._compiles.acquire()
-            clock = phases.took("turn_s", clock)
-            p = reference.prepared
-            # One Triton compile at a time inside each worker: the workers themselves run side by side, and a
-            # pool of compile subprocesses per worker costs more to start than a reference's few kernels take.
-            worker = Worker(compile_entry, job, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
-            with self._reserve((len(job["timing_seeds"]) + 2) * p.input_bytes + 4 * p.output_bytes), self._register(worker):
-                clock = phases.took("memory_s", clock)
-                try:
-                    for message in worker.messages():
-                        if "ready" in message:
-                            clock = phases.took("compile_s", clock)
-                            with self._alone(worker, "torch.compile baseline"), quiet():
-                                clock = phases.took("alone_wait_s", clock)
-                                worker.send(cmd="time")
-                                outcome = run_to_result(worker, close=False)
-                            clock = phases.took("time_s", clock)
-                            if outcome.result is not None:
-                                result = outcome.result
-                            elif outcome.timed_out_phase:
-                                result = {"compile_error": f"{outcome.timed_out_phase} took too long"}
-                            break
-                        if "result" in message:
-                            result = message["result"]
-                            break
-                except PhaseTimeout as exc:
-                    result = {"compile_error": f"{exc} took longer than {s.compile_timeout_s:.0f} s"}
-                except WorkerDied as exc:
-                    result = {"compile_error": f"the torch.compile worker {exc}"}
-                finally:
-                    worker.close()
+            with contextlib.ExitStack() as lifetime:
+                # Its memory first, then a turn: a task waiting for room (a level-1 one at the dataset's
+                # sizes fills the share alone) holds no turn from the tasks that fit. The worker starts
+                # inside both, so nothing it allocates is unaccounted for; its turn is the compile's CPU work.
+                with self._reserve(compiling):
+                    clock = phases.took("memory_s", clock)
+                    self._compiles.acquire()
+                    try:
+                        clock = phases.took("turn_s", clock)
+                        # One Triton compile at a time inside each worker: the workers themselves run side by
+                        # side, and a pool of compile subprocesses per worker costs more to start than a
+                        # reference's few kernels take.
+                        worker = Worker(compile_entry, job, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
+                        lifetime.callback(worker.close)
+                        lifetime.enter_context(self._register(worker))
+                        ready = _until_ready(worker, s.compile_timeout_s)
+                        clock = phases.took("compile_s", clock)
+                    finally:
+                        self._compiles.release()
+                if ready is not True:  # why it could not compile
+                    result = ready
+                else:  # compiled, its inputs freed: the timing sets' room only now, and only for the timing
+                    with self._reserve(timing):
+                        clock = phases.took("memory_s", clock)
+                        with self._alone(worker, "torch.compile baseline"), quiet():
+                            clock = phases.took("alone_wait_s", clock)
+                            worker.send(cmd="time")
+                            outcome = run_to_result(worker, close=False)
+                        clock = phases.took("time_s", clock)
+                    if outcome.result is not None:
+                        result = outcome.result
+                    elif outcome.timed_out_phase:
+                        result = {"compile_error": f"{outcome.timed_out_phase} took too long"}
+                    elif outcome.crashed:
+                        result = {"compile_error": f"the torch.compile worker {outcome.crashed}"}
             fields = {k: result.get(k) for k in ("compile", "compile_error") if k in result}
             self._write_baselines(reference.key, task, **fields, compile_phases=asdict(phases))
         finally:
-            self._compiles.release()
             if not reference.compile.done():
                 reference.compile.set_result(result)
 

@@ -3,6 +3,7 @@ the build cache, and the caller surviving candidates that crash, hang or exit.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -291,19 +292,46 @@ def test_a_check_that_waits_for_room_beside_other_tasks_references_says_so(cache
 
 
 @pytest.mark.slow
-def test_a_compile_baseline_keeps_where_its_time_went(tmp_path, task):
-    """The torch.compile baseline, compiled and timed by its background worker, is written to the disk cache
-    with its phases: the waits and the compile, apart, so that a run's tail can be read from it."""
+def test_a_compile_baseline_is_promised_memory_to_compile_then_to_be_timed(tmp_path, task):
+    """The torch.compile worker starts inside its compile's memory promise, and its timing sets' room is
+    promised only once it has compiled (`oracle.reference.compile_worker_bytes`). The baseline is written to
+    the disk cache with its phases, so that a run's tail can be read from it."""
+    from oracle.reference import compile_worker_bytes
+
     fast = TimingParams(warmup_calls=2, min_calls=5, max_calls=20, target_s=0.2, wall_calls=5)
     o = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path, timing=fast, call_timeout_s=20, compile_baseline=True))
+    events: list[tuple[str, float]] = []  # what happened, and its size or (the worker) when it started
+    reserve, register = o.references._reserve, o.references._register
+
+    @contextlib.contextmanager
+    def recorded_reserve(nbytes):
+        with reserve(nbytes):
+            events.append(("promised", nbytes))
+            promised_at.append(time.perf_counter())
+            yield
+            events.append(("given back", nbytes))
+
+    def recorded_register(worker):
+        events.append(("worker", worker.started))
+        return register(worker)
+
+    promised_at: list[float] = []
+
+    o.references._reserve, o.references._register = recorded_reserve, recorded_register
     try:
         before = time.time()
         o.prepare_task(task)
         found = o.references.compile_future(task).result(timeout=600)
         cached = o.references._read_baselines(o.references.key(task))
+        reference = o.references._known[o.references.key(task)]
     finally:
         o.close()
     assert "compile" in found, found
+    compiling, timing = compile_worker_bytes(reference.prepared, len(o.references.timing_seeds(task)))
+    assert compiling < timing
+    assert [e[0] for e in events] == ["promised", "worker", "given back", "promised", "given back"], events
+    assert events[0][1] == compiling and events[3][1] == timing
+    assert events[1][1] >= promised_at[0]  # the worker started once its memory was promised
     phases = cached["compile_phases"]
     assert before <= phases["started_at"] <= time.time()
     assert phases["compile_s"] > 0 and phases["time_s"] > 0, phases
