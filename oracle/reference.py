@@ -102,12 +102,12 @@ def compile_worker_bytes(prepared: Prepared, timing_sets: int) -> tuple[int, int
     return compiling, timing
 
 
-def _until_ready(worker: Worker, timeout_s: float) -> bool | dict[str, Any]:
-    """Drive a torch.compile worker to `ready` (True), or to the result that says why it cannot be."""
+def _until_ready(worker: Worker, timeout_s: float) -> dict[str, Any]:
+    """Drive a torch.compile worker to its `ready` message, or to the result that says why it cannot be."""
     try:
         for message in worker.messages():
             if "ready" in message:
-                return True
+                return message
             if "result" in message:
                 return message["result"]
     except PhaseTimeout as exc:
@@ -127,6 +127,12 @@ class CompilePhases:
     compile_s: float = 0.0  # the worker's start and the compile, to `ready`
     alone_wait_s: float = 0.0  # waiting for the device alone
     time_s: float = 0.0
+    # the most device memory the worker reserved compiling, then timing (MiB; None on a CPU), against
+    # what it was promised (`compiling_bytes`, `timing_bytes`)
+    compile_reserved_mb: float | None = None
+    timing_reserved_mb: float | None = None
+    compiling_bytes: int = 0
+    timing_bytes: int = 0
 
     def took(self, phase: str, since: float) -> float:
         """Add the seconds since `since` to `phase`; now, for the next phase."""
@@ -433,6 +439,7 @@ class References:
         phases = CompilePhases(started_at=time.time())
         clock = time.perf_counter()
         compiling, timing = compile_worker_bytes(reference.prepared, len(job["timing_seeds"]))
+        phases.compiling_bytes, phases.timing_bytes = compiling, timing
         try:
             with contextlib.ExitStack() as lifetime:
                 # Its memory first, then a turn: a task waiting for room (a level-1 one at the dataset's
@@ -453,7 +460,8 @@ class References:
                         clock = phases.took("compile_s", clock)
                     finally:
                         self._compiles.release()
-                if ready is not True:  # why it could not compile
+                phases.compile_reserved_mb = ready.get("reserved_mb")
+                if "ready" not in ready:  # why it could not compile
                     result = ready
                 else:  # compiled, its inputs freed: the timing sets' room only now, and only for the timing
                     with self._reserve(timing):
@@ -465,6 +473,7 @@ class References:
                         clock = phases.took("time_s", clock)
                     if outcome.result is not None:
                         result = outcome.result
+                        phases.timing_reserved_mb = result.get("reserved_mb")
                     elif outcome.timed_out_phase:
                         result = {"compile_error": f"{outcome.timed_out_phase} took too long"}
                     elif outcome.crashed:

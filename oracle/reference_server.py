@@ -355,6 +355,11 @@ def reference_server_entry(conn: Connection, job_dir: str) -> None:
         send(conn, **answer)
 
 
+def _reserved_mb(device: str) -> float | None:
+    """The most device memory this process's allocator has reserved (since the last reset), in MiB."""
+    return round(torch.cuda.max_memory_reserved() / 2**20, 1) if device == "cuda" else None
+
+
 def compile_entry(conn: Connection, job_dir: str) -> None:
     """Compile the task's reference with `torch.compile`, say `ready`, then time it on `cmd: time`."""
     job = _enter_worker(Path(job_dir))
@@ -371,9 +376,11 @@ def compile_entry(conn: Connection, job_dir: str) -> None:
             # worker the room of every timing set only for its timing (`oracle.reference.compile_worker_bytes`).
             compiled(*_seeded_inputs(module, job["timing_seeds"][0], device))
             timing.sync(device)
+            compiling_mb = _reserved_mb(device)  # what compiling took, against what it was promised
             if device == "cuda":
                 torch.cuda.empty_cache()
-            send(conn, ready=True)
+                torch.cuda.reset_peak_memory_stats()
+            send(conn, ready=True, reserved_mb=compiling_mb)
             command = receive(conn)
             if command.get("cmd") != "time":
                 return
@@ -383,7 +390,8 @@ def compile_entry(conn: Connection, job_dir: str) -> None:
                 compiled(*inputs)
             timing.sync(device)
             keep = timing.held_like_a_candidate(device, len(sets))
-            result: dict[str, Any] = {"compile": timing.time_calls(compiled, sets, device, params, keep=keep).to_json()}
+            result: dict[str, Any] = {"compile": timing.time_calls(compiled, sets, device, params, keep=keep).to_json(),
+                                      "reserved_mb": _reserved_mb(device)}
     except BaseException as exc:  # noqa: BLE001 - a task torch.compile cannot handle
         result = {"compile_error": one_line(exc)}
     send(conn, result=result)

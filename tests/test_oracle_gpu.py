@@ -82,6 +82,10 @@ def test_correct_cuda_kernel_is_timed_against_eager_and_compile(oracle):
     p, timed = TimingParams(), v.timing["candidate"]
     if timed["spread"] <= p.steady_spread:
         assert timed["median_precision"] <= p.precision and p.min_calls <= timed["calls"] < p.max_calls, timed
+    # the torch.compile worker says what it reserved compiling and timing, beside what it was promised
+    phases = oracle.references._read_baselines(oracle.references.key(task("level1/19_ReLU")))["compile_phases"]
+    print("torch.compile worker:", phases)
+    assert phases["compile_reserved_mb"] > 0 and phases["timing_reserved_mb"] > 0, phases
 
 
 def test_illegal_address_fails_the_candidate_not_the_oracle(oracle):
