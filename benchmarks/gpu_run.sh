@@ -3,7 +3,7 @@
 # /tmp/ks-out), each written whole as it goes, so that a step cut short keeps what it printed.
 # Usage: benchmarks/gpu_run.sh STEP[:SECONDS]...   e.g. benchmarks/gpu_run.sh tolerance:200 throughput:250
 #        benchmarks/gpu_run.sh --tree   (only the code tree's hash, to match a device call's first line)
-# TESTS: the tests step's paths or node ids (default: tests). Steps: smoke, throughput, tests, peer, demo, profiling, fidelity, header, profiler, pstart, race, tolerance (default: smoke throughput tests).
+# TESTS: the tests step's paths or node ids (default: tests). Steps: smoke, throughput, tests, peer, demo, profiling, fidelity, header, profiler, pstart, preload, race, tolerance (default: smoke throughput tests).
 # A step past its seconds is stopped with everything it started (its own process group): nothing of it
 # runs on beside the next step.
 set -u
@@ -31,6 +31,7 @@ print(''.join(json.dumps({'task': t, 'completion': (c / t / 'correct.py').read_t
     pstart) echo "python3 benchmarks/profiler_start.py --repeats 3 --out $out/pstart0.json > $out/pstart.log 2>&1;
           python3 benchmarks/profiler_start.py --repeats 3 --busy 14 --out $out/pstart14.json >> $out/pstart.log 2>&1" ;;
     profiler) echo "python3 benchmarks/profiler_head.py --rounds ${PROFILER_ROUNDS:-4} --idle ${PROFILER_IDLE:-15} --out $out/profiler.json > $out/profiler.log 2>&1" ;;
+    preload) echo "python3 benchmarks/fork_preload.py --workers ${PRELOAD_N:-12} --out $out/preload.json > $out/preload.log 2>&1" ;;
     race) echo "python3 benchmarks/profiler_race.py --processes ${RACE_N:-16} --out $out/race.json > $out/race.log 2>&1" ;;
     tolerance) echo "KERNELSEARCH_PCH=$work/tolerance-cache/pch python3 benchmarks/tolerance_table.py --source $data --cache $work/tolerance-cache --out $out/tolerance.json > $out/tolerance.log 2>&1" ;;
     *) return 1 ;;

@@ -450,10 +450,7 @@ class References:
                     self._compiles.acquire()
                     try:
                         clock = phases.took("turn_s", clock)
-                        # One Triton compile at a time inside each worker: the workers themselves run side by
-                        # side, and a pool of compile subprocesses per worker costs more to start than a
-                        # reference's few kernels take.
-                        worker = Worker(compile_entry, job, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
+                        worker = Worker(compile_entry, job)
                         lifetime.callback(worker.close)
                         lifetime.enter_context(self._register(worker))
                         ready = _until_ready(worker, s.compile_timeout_s)

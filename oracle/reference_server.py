@@ -370,6 +370,12 @@ def compile_entry(conn: Connection, job_dir: str) -> None:
         model = _reference_model(module, job["init_seed"], device)
         params = timing.TimingParams(**job["timing"])
         send(conn, phase="compiling", deadline_s=job["compile_timeout_s"])
+        # One Triton compile at a time inside each worker: the workers themselves run side by side, and a
+        # pool of compile subprocesses per worker costs more to start than a reference's few kernels take.
+        # Set here, not through TORCHINDUCTOR_COMPILE_THREADS: inductor's config was read in the fork server.
+        import torch._inductor.config as inductor_config
+
+        inductor_config.compile_threads = 1
         with torch.no_grad():
             compiled = torch.compile(model)
             # Compiled on the first timing set alone, which is then freed: the trusted side promises this

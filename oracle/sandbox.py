@@ -1,7 +1,8 @@
 """Run a harness entry point in a fresh worker process with phase watchdogs (docs/oracle.md, "Isolation").
 
-Workers are forked from a multiprocessing fork server that has imported torch (about 2 s a process
-otherwise) but never touched CUDA, so each candidate still gets a clean process and CUDA context.
+Workers are forked from a multiprocessing fork server that has imported torch and what workers use of it
+(`oracle.preload`: seconds a process otherwise) but never touched CUDA, so each candidate still gets a
+clean process and CUDA context.
 Each worker starts its own process group; when a phase overruns its deadline, the worker dies, or the
 evaluation ends, the whole group is killed, compiler and stray children included.
 """
@@ -36,19 +37,22 @@ ENV_ALLOWED = (
     "NVSHMEM_DISABLE_NVLS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "KERNELSEARCH_CACHE",
 )
 
+# What the fork server imports before it forks a worker (each module once, however many workers follow).
+FORK_SERVER_PRELOAD = ["torch", "oracle.preload", "oracle.harness"]
+
 _context_lock = threading.Lock()
 _start_lock = threading.Lock()
 _context: Any = None
 
 
 def _worker_context() -> Any:
-    """The fork-server context, started once per process with torch and the harness preloaded."""
+    """The fork-server context, started once per process with torch, `oracle.preload` and the harness imported."""
     global _context
     with _context_lock:
         if _context is None:
             _scrub_fork_server_environment()
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["torch", "oracle.harness"])
+            ctx.set_forkserver_preload(FORK_SERVER_PRELOAD)
             _context = ctx
         return _context
 

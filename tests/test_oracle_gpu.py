@@ -91,6 +91,18 @@ def test_correct_cuda_kernel_is_timed_against_eager_and_compile(oracle):
         assert phases["compile_reserved_mb"] > 0 and phases["timing_reserved_mb"] > 0, phases
 
 
+def test_a_worker_forked_from_the_fork_server_can_use_the_device(tmp_path):
+    """A worker forked from a process that asked torch about CUDA cannot use the device: what the fork
+    server imports (`oracle.preload`) must not ask (`torch.utils.cpp_extension`'s import does)."""
+    from oracle.harness import build_entry
+    from oracle.sandbox import Worker, run_to_result
+
+    probe = "import torch\nraise RuntimeError('SUM ' + str(torch.ones(4, device='cuda').sum().item()))\n"
+    job = {"cache": str(tmp_path), "candidate_path": "probe.py", "build_timeout_s": 120}
+    outcome = run_to_result(Worker(build_entry, job, files={"probe.py": probe}))
+    assert outcome.result is not None and "SUM 4.0" in outcome.result["message"], outcome
+
+
 def test_illegal_address_fails_the_candidate_not_the_oracle(oracle):
     v = evaluate(oracle, "level1/36_RMSNorm_", "illegal_address")
     assert v.status == "runtime_error", v.message
