@@ -188,7 +188,7 @@ class Oracle:
         step("builds and header")
         self.memory = MemoryBudget(int(c.candidate_memory * _device_memory(c.device)))
         self.worker_peaks = MeasuredPeaks()  # per task (its reference key): the most a worker was measured to hold
-        compile_memory = MemoryBudget(int(c.compile_memory * _device_memory(c.device)))
+        compile_memory = MemoryBudget(int(c.compile_memory * _device_memory(c.device)), in_order=True)
         step("device memory")
         settings = ReferenceSettings(
             device=c.device, device_name=self.device_name, threads=self.threads, check_seeds=c.check_seeds,

@@ -335,6 +335,50 @@ def test_memory_budget_lets_a_worker_start_only_when_its_estimate_fits():
         assert lone.used == 10
 
 
+def _until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_an_in_order_memory_budget_lets_no_later_request_overtake_a_waiting_one(in_order):
+    """The torch.compile baselines' budget: a timing promise of nearly the whole share waits for room, and
+    the compile promises asked for after it, which would fit, wait behind it (in order) instead of keeping
+    the room taken forever. The budget of candidates' workers lets a fitting one through (not in order)."""
+    from oracle.device_quiet import MemoryBudget
+
+    budget = MemoryBudget(100, in_order=in_order)
+    entered: list[str] = []
+    release = {name: threading.Event() for name in ("large", "small")}
+
+    def hold(name: str, nbytes: int) -> None:
+        with budget.reserve(nbytes):
+            entered.append(name)
+            release[name].wait(10)
+
+    with budget.reserve(40):
+        large = threading.Thread(target=hold, args=("large", 90))
+        large.start()
+        _until(lambda: budget.waiting == 1)  # 40 + 90 > 100: it waits
+        small = threading.Thread(target=hold, args=("small", 30))  # 40 + 30 fits
+        small.start()
+        if in_order:
+            _until(lambda: budget.waiting == 2)  # behind the large one
+            assert entered == []
+        else:
+            _until(lambda: entered == ["small"])
+            release["small"].set()
+    _until(lambda: "large" in entered)
+    assert budget.used == 90 and entered[0] == ("large" if in_order else "small")
+    release["large"].set()
+    release["small"].set()
+    large.join(5)
+    small.join(5)
+    assert entered == (["large", "small"] if in_order else ["small", "large"]) and budget.used == 0 and budget.waiting == 0
+
+
 def test_the_time_held_alone_is_counted_by_what_held_it():
     lock = DeviceLock()
     for label in ("candidate timing", "candidate timing", "eager baseline"):
