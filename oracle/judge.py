@@ -93,9 +93,15 @@ def timed_name(kind: str, index: int) -> str:
 
 
 def unchanged(before: list[torch.Tensor | None], after: list[torch.Tensor | None]) -> bool:
-    """A later call left an earlier call's outputs as they were (NaN equal to NaN)."""
-    return all(a is None or b is None or (a.shape == b.shape and torch.equal(a.nan_to_num(0), b.nan_to_num(0)))
-               for a, b in zip(before, after))
+    """A later call left an earlier call's outputs as they were (NaN equal to NaN); on the host where one of
+    the two was copied there (a full device)."""
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        if a.device != b.device:
+            a, b = a.cpu(), b.cpu()
+        return a.shape == b.shape and torch.equal(a.nan_to_num(0), b.nan_to_num(0))
+
+    return all(a is None or b is None or same(a, b) for a, b in zip(before, after))
 
 
 REUSED_OUTPUT = ("a later call changed the tensor returned by an earlier call (reused output buffer); "

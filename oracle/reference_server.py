@@ -227,13 +227,16 @@ class ReferenceState:
 
 def _judged(outs: list[torch.Tensor | None], expected: list[torch.Tensor | None], where: str, policy: str,
             corrections: list[torch.Tensor | None] | None, scales: list[Float64Scale | None] | None) -> OutputsJudged:
-    """`judge_outputs` on the device, or on the host when the comparison's temporaries do not fit there."""
-    try:
-        return judge_outputs(outs, expected, where, policy, corrections, scales)
-    except torch.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        host = lambda ts: None if ts is None else [t.cpu() if t is not None else None for t in ts]  # noqa: E731
-        return judge_outputs(host(outs), host(expected), where, policy, host(corrections), scales)
+    """`judge_outputs` on the device, or on the host when the comparison's temporaries do not fit there or
+    an output was copied to the host (`import_tensor`, a full device)."""
+    apart = any(o is not None and e is not None and o.device != e.device for o, e in zip(outs, expected))
+    if not apart:
+        try:
+            return judge_outputs(outs, expected, where, policy, corrections, scales)
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+    host = lambda ts: None if ts is None else [t.cpu() if t is not None else None for t in ts]  # noqa: E731
+    return judge_outputs(host(outs), host(expected), where, policy, host(corrections), scales)
 
 
 Float64Result = tuple[list[list[torch.Tensor | None]], list[list[torch.Tensor | None]], list[Float64Scale | None]]

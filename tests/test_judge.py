@@ -153,6 +153,28 @@ def test_cpu_outputs_round_trip_through_a_memory_file(tmp_path):
         assert torch.equal(import_tensor(export_tensor(x, tmp_path, 4), tmp_path), x)
 
 
+def test_an_output_the_device_has_no_room_to_copy_is_copied_to_the_host(tmp_path, monkeypatch):
+    """A full device (other processes' memory) is the oracle's problem, not the candidate's: the copy is
+    taken on the host, still a copy and still checked against the live memory."""
+    t = torch.randn(6, 10)[:, 2:7]
+    desc = export_tensor(t, tmp_path, 5)
+    calls = []
+
+    def no_room(self, *args, **kwargs):
+        calls.append(self.shape)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.50 GiB")
+
+    monkeypatch.setattr(torch.Tensor, "clone", no_room)
+    try:
+        back = import_tensor(desc, tmp_path)
+    finally:
+        monkeypatch.undo()  # before any report of a failure, which may clone
+    assert calls == [t.shape]  # the device copy was tried first
+    assert back.device.type == "cpu" and torch.equal(back, t)
+    back.fill_(0)  # a copy: the live memory is not changed through it
+    assert torch.equal(import_tensor(desc, tmp_path), t)
+
+
 def test_hostile_descriptors_are_refused(tmp_path):
     good = export_tensor(torch.ones(4), tmp_path, 0).to_json()
     for bad in ({**good, "file": "../../etc/passwd"}, {**good, "dtype": "object"}, {**good, "shape": [-1]},

@@ -303,3 +303,18 @@ def test_a_wrong_gigabyte_output_is_compared_in_pieces_of_device_memory():
     assert not result.ok and result.message.startswith(f"output: {(1 << 28) // 1000 + 1} of {1 << 28} elements wrong")
     assert "at [0] expected" in result.message and "at [1000] expected" in result.message
     assert extra_gb < 1.0, extra_gb
+
+
+def test_outputs_copied_to_the_host_are_judged_against_references_on_the_device():
+    """`import_tensor` copies an output to the host when the device is full; the judgement and the
+    reused-buffer check then compare across devices, with the same verdicts."""
+    from oracle.judge import unchanged
+    from oracle.reference_server import _judged
+
+    ref = torch.randn(1000, 1000, device="cuda")
+    right, wrong = ref.cpu() + 1e-7, ref.cpu()
+    wrong[3, 4] += 1
+    assert _judged([right], [ref], "check 1 of 6", "kernelbench", None, None).problem is None
+    problem = _judged([wrong], [ref], "check 1 of 6", "kernelbench", None, None).problem
+    assert problem and "at [3, 4]" in problem
+    assert unchanged([ref], [ref.cpu()]) and not unchanged([ref], [wrong])
