@@ -168,6 +168,11 @@ class OracleActor:
     async def _gate_call(self, name: str) -> None:
         await getattr(self.gate, name).remote(self.gate_key, self.holder)
 
+    def close(self) -> None:
+        """At the run's end: the workers on standby and the reference process end, and their folders go
+        (Ray ends an actor by killing its process, which would leave the folders behind)."""
+        self.oracle.close()
+
     def stats(self) -> dict[str, Any]:
         lock = self.oracle.quiet.lock
         return {**self.busy, "device_busy_s": lock.busy_now(), "device_exclusive_s": lock.exclusive_s,

@@ -14,6 +14,7 @@ happened is asked of Ray after the call fails: the node is dead (lost), or the a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -281,6 +282,17 @@ class OraclePool:
                 return {"dead": True, **where}
 
         return list(await asyncio.gather(*(one(o) for o in self.oracles)))
+
+    async def close(self, timeout_s: float = 30.0) -> None:
+        """Close every oracle still answering (`OracleActor.close`); one that does not answer in time is
+        left to Ray's end of it."""
+
+        async def one(slot: OracleSlot) -> None:
+            if not slot.lost:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(slot.actor.close.remote(), timeout=timeout_s)
+
+        await asyncio.gather(*(one(o) for o in self.oracles))
 
 
 class _Failed(Exception):

@@ -194,6 +194,7 @@ async def run_search(settings: RunSettings, tasks: list[Task], store: RunStore, 
         device.cancel()
         with contextlib.suppress(Exception):  # the last figures, the run's end included
             await asyncio.wait_for(_write_oracle_device(engine.pool, store), timeout=10)
+        await engine.pool.close()
 
 
 DEVICE_RECORD_EVERY_S = 10.0

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -111,10 +112,14 @@ def test_run_replay_end_to_end_with_dedup_and_best(tmp_path, env):
     # eager timed in this run, not read from the module's cache: its one correct kernel's verdict then stands
     shutil.rmtree(Path(env["KERNELSEARCH_CACHE"]) / "baselines", ignore_errors=True)
     # no task selection: the tasks the replay file names (one), not every task of the source
+    scratch = Path(tempfile.mkdtemp(prefix="ks-t"))  # the run's temporary folders (short: Ray's sockets live there)
     res = kernelsearch("run", "--generator", f"replay:{replay}", "-n", "6", "--no-early-stop",
-                       "--device", "cpu", "--out", str(out), env=env)
+                       "--device", "cpu", "--out", str(out), env=dict(env, TMPDIR=str(scratch)))
     assert res.returncode == 0, res.stderr[-3000:]
     assert "tasks: the 1 task that replay:" in res.stderr and "line 5 is not valid JSON" in res.stderr
+    left = sorted(p.name for p in scratch.glob("ks-worker-*"))  # workers on standby included: closed at the end
+    shutil.rmtree(scratch, ignore_errors=True)
+    assert not left, left
     rows = records(out)
     assert len(rows) == 6 and sorted(r.chain for r in rows) == list(range(6))
     statuses = {r.status for r in rows}
