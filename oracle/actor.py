@@ -43,7 +43,7 @@ class OracleActor:
         self.device_slots = DeviceSlots(config.device_slots)
         # candidates from their arrival to the end of their build: while none is, the build cores are free
         # and more torch.compile baselines are made at once
-        self.building = Occupancy(self.oracle.references.cores_idle)
+        self.building = Occupancy(self.oracle.builds_idle)
         self.busy = {"building": 0, "timing": 0, "queued": 0}
         self._preparing: dict[str, asyncio.Future] = {}  # per task code: its reference made beside the first build
         # threads of their own: waiting for the reference process or the device, they would otherwise take

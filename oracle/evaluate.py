@@ -188,7 +188,7 @@ class Oracle:
         step("builds and header")
         self.memory = MemoryBudget(int(c.candidate_memory * _device_memory(c.device)))
         self.worker_peaks = MeasuredPeaks()  # per task (its reference key): the most a worker was measured to hold
-        compile_memory = MemoryBudget(int(c.compile_memory * _device_memory(c.device)), in_order=True)
+        self.compile_memory = MemoryBudget(int(c.compile_memory * _device_memory(c.device)), in_order=True)
         step("device memory")
         settings = ReferenceSettings(
             device=c.device, device_name=self.device_name, threads=self.threads, check_seeds=c.check_seeds,
@@ -200,11 +200,17 @@ class Oracle:
             compile_workers_idle=c.compile_workers_idle or max(1, min(8, (os.cpu_count() or 1) // 2)))
         self.references = References(settings, builds_root.parent / "baselines", alone=self.quiet.alone,
                                      shared=lambda: self.quiet.lock.shared(), register=self.quiet.running,
-                                     reserve=compile_memory.reserve)
+                                     reserve=self.compile_memory.reserve)
         self.device_s: dict[str, float] = {"reference": 0.0, "baselines": 0.0, "checks": 0.0, "timing": 0.0}
         self.standby = StandbyWorkers(c.device, c.device_slots if c.standby_workers is None else c.standby_workers,
                                       self.quiet.running)
         step("references and standby")
+
+    def builds_idle(self, idle: bool) -> None:
+        """While no candidate is being built or waits to be, the torch.compile baselines may use the free
+        cores (`References.cores_idle`) and the candidates' unpromised memory (`MemoryBudget.lend_from`)."""
+        self.references.cores_idle(idle)
+        self.compile_memory.lend_from(self.memory if idle else None)
 
     def alone(self, own: Worker | None = None, label: str = "timing"):
         return self.quiet.alone(own, label)

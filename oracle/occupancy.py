@@ -2,7 +2,7 @@
 
 The oracle actor counts its candidates from their arrival to the end of their build: while none is being
 built or waiting to be, the build cores are free, and the torch.compile baselines may use more of them
-(`References.cores_idle`). Told once per change, not per candidate.
+(`Oracle.builds_idle`). Told once per change, not per candidate.
 """
 
 from __future__ import annotations

@@ -379,6 +379,54 @@ def test_an_in_order_memory_budget_lets_no_later_request_overtake_a_waiting_one(
     assert entered == (["large", "small"] if in_order else ["small", "large"]) and budget.used == 0 and budget.waiting == 0
 
 
+def test_a_budget_borrows_from_its_lender_only_while_lent_and_only_what_is_free_there():
+    """The compile baselines' budget, full, borrows the candidates' free memory while the oracle lends it
+    (no candidate being built): the borrowed bytes count in the lender until they are returned, a
+    candidate that then does not fit waits for them, and nothing is borrowed past the lender's room, past a
+    candidate waiting there, or once lending stopped."""
+    from oracle.device_quiet import MemoryBudget
+
+    compile_budget, candidates = MemoryBudget(100, in_order=True), MemoryBudget(200)
+    entered: list[str] = []
+    release = {name: threading.Event() for name in ("baseline", "later", "candidate")}
+
+    def hold(budget: MemoryBudget, name: str, nbytes: int) -> None:
+        with budget.reserve(nbytes):
+            entered.append(name)
+            release[name].wait(10)
+
+    with compile_budget.reserve(60):
+        baseline = threading.Thread(target=hold, args=(compile_budget, "baseline", 90))
+        baseline.start()
+        _until(lambda: compile_budget.waiting == 1)  # 60 + 90 > 100, and nothing is lent yet
+        time.sleep(0.3)
+        assert entered == []
+        compile_budget.lend_from(candidates)
+        _until(lambda: entered == ["baseline"])  # promised from the candidates' 200
+        assert candidates.used == 90 and compile_budget.used == 60 and compile_budget.borrowed == 90
+        candidate = threading.Thread(target=hold, args=(candidates, "candidate", 150))  # 90 + 150 > 200
+        candidate.start()
+        _until(lambda: candidates.waiting == 1)
+        later = threading.Thread(target=hold, args=(compile_budget, "later", 50))  # fits neither: a candidate waits
+        later.start()
+        _until(lambda: compile_budget.waiting == 1)
+        time.sleep(0.6)  # the lender is looked at again every LEND_POLL_S
+        assert entered == ["baseline"]
+        compile_budget.lend_from(None)
+        release["baseline"].set()  # returned: the candidate goes in
+        _until(lambda: entered == ["baseline", "candidate"])
+        assert candidates.used == 150 and compile_budget.borrowed == 0
+        time.sleep(0.6)
+        assert "later" not in entered  # not lent any more, and its own share is still taken
+    _until(lambda: entered == ["baseline", "candidate", "later"])
+    assert compile_budget.used == 50
+    for event in release.values():
+        event.set()
+    for thread in (baseline, candidate, later):
+        thread.join(5)
+    assert compile_budget.used == candidates.used == compile_budget.borrowed == 0
+
+
 def test_the_time_held_alone_is_counted_by_what_held_it():
     lock = DeviceLock()
     for label in ("candidate timing", "candidate timing", "eager baseline"):
