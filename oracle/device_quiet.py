@@ -164,7 +164,8 @@ class MemoryBudget:
             self._cond.notify_all()
 
     @contextlib.contextmanager
-    def reserve(self, nbytes: int) -> Iterator[None]:
+    def reserve(self, nbytes: int) -> Iterator[bool]:
+        """Hold `nbytes` of the budget's promise; yields whether they were borrowed from the lender."""
         nbytes = min(nbytes, self.total)
         ticket = object()
         lender = None
@@ -184,7 +185,7 @@ class MemoryBudget:
             if lender is None:
                 self.used += nbytes
         try:
-            yield
+            yield lender is not None
         finally:
             if lender is not None:
                 lender.give_back(nbytes)

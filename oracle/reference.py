@@ -133,6 +133,9 @@ class CompilePhases:
     timing_reserved_mb: float | None = None
     compiling_bytes: int = 0
     timing_bytes: int = 0
+    # whether each promise was borrowed from the candidates' share (`MemoryBudget.lend_from`)
+    compile_borrowed: bool = False
+    timing_borrowed: bool = False
 
     def took(self, phase: str, since: float) -> float:
         """Add the seconds since `since` to `phase`; now, for the next phase."""
@@ -445,7 +448,8 @@ class References:
                 # Its memory first, then a turn: a task waiting for room (a level-1 one at the dataset's
                 # sizes fills the share alone) holds no turn from the tasks that fit. The worker starts
                 # inside both, so nothing it allocates is unaccounted for; its turn is the compile's CPU work.
-                with self._reserve(compiling):
+                with self._reserve(compiling) as borrowed:
+                    phases.compile_borrowed = bool(borrowed)
                     clock = phases.took("memory_s", clock)
                     self._compiles.acquire()
                     try:
@@ -461,7 +465,8 @@ class References:
                 if "ready" not in ready:  # why it could not compile
                     result = ready
                 else:  # compiled, its inputs freed: the timing sets' room only now, and only for the timing
-                    with self._reserve(timing):
+                    with self._reserve(timing) as borrowed:
+                        phases.timing_borrowed = bool(borrowed)
                         clock = phases.took("memory_s", clock)
                         with self._alone(worker, "torch.compile baseline"), quiet():
                             clock = phases.took("alone_wait_s", clock)

@@ -388,10 +388,12 @@ def test_a_budget_borrows_from_its_lender_only_while_lent_and_only_what_is_free_
 
     compile_budget, candidates = MemoryBudget(100, in_order=True), MemoryBudget(200)
     entered: list[str] = []
+    borrowed: dict[str, bool] = {}
     release = {name: threading.Event() for name in ("baseline", "later", "candidate")}
 
     def hold(budget: MemoryBudget, name: str, nbytes: int) -> None:
-        with budget.reserve(nbytes):
+        with budget.reserve(nbytes) as lent:
+            borrowed[name] = lent
             entered.append(name)
             release[name].wait(10)
 
@@ -425,6 +427,7 @@ def test_a_budget_borrows_from_its_lender_only_while_lent_and_only_what_is_free_
     for thread in (baseline, candidate, later):
         thread.join(5)
     assert compile_budget.used == candidates.used == compile_budget.borrowed == 0
+    assert borrowed == {"baseline": True, "candidate": False, "later": False}  # what `reserve` said
 
 
 def test_the_time_held_alone_is_counted_by_what_held_it():

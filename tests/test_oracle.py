@@ -305,10 +305,11 @@ def test_a_compile_baseline_is_promised_memory_to_compile_then_to_be_timed(tmp_p
 
     @contextlib.contextmanager
     def recorded_reserve(nbytes):
-        with reserve(nbytes):
+        with reserve(nbytes) as borrowed:
             events.append(("promised", nbytes))
             promised_at.append(time.perf_counter())
-            yield
+            lent.append(borrowed)
+            yield True  # as if borrowed from the candidates' share: the phases say so
             events.append(("given back", nbytes))
 
     def recorded_register(worker):
@@ -316,6 +317,7 @@ def test_a_compile_baseline_is_promised_memory_to_compile_then_to_be_timed(tmp_p
         return register(worker)
 
     promised_at: list[float] = []
+    lent: list[bool] = []
 
     o.references._reserve, o.references._register = recorded_reserve, recorded_register
     try:
@@ -337,4 +339,6 @@ def test_a_compile_baseline_is_promised_memory_to_compile_then_to_be_timed(tmp_p
     assert phases["compile_s"] > 0 and phases["time_s"] > 0, phases
     assert {k for k in phases if k.endswith("_s")} == {"turn_s", "memory_s", "compile_s", "alone_wait_s", "time_s"}
     assert phases["compiling_bytes"] == compiling and phases["timing_bytes"] == timing
+    assert lent == [False, False]  # both fit the compile share: nothing borrowed
+    assert phases["compile_borrowed"] is True and phases["timing_borrowed"] is True
     assert phases["compile_reserved_mb"] is None and phases["timing_reserved_mb"] is None  # a GPU's allocator only
