@@ -177,6 +177,10 @@ class Prepared(Record):
     error: str | None = None
     float64: str | None = None  # why the float64 reference could not be made (None: it was, or not needed)
     kept_bytes: int = 0  # device memory the kept outputs (and float64 corrections) take
+    # measured on a GPU (0 elsewhere): the model's parameters and buffers, and what one call at the task's
+    # size allocates beyond them (its inputs, intermediates and outputs) at its peak
+    param_bytes: int = 0
+    working_bytes: int = 0
 
 
 @dataclass

@@ -92,14 +92,25 @@ COMPILE_WORKER_OVERHEAD_BYTES = 1 << 30
 
 
 def compile_worker_bytes(prepared: Prepared, timing_sets: int) -> tuple[int, int]:
-    """Device memory a torch.compile worker is promised: while it compiles (one input set, its output and
-    one more for inductor's temporaries), then while it is timed (every timing set, the outputs a call
-    keeps alive and the compile's slack). Apart, so that a level-1 task's timing sets (25.6 GB at the
-    dataset's sizes on an H200) are held for the second or so of its timing, not for its whole compile."""
+    """Device memory a torch.compile worker is promised: while it compiles (the model, one call's inputs,
+    intermediates and outputs), then while it is timed (every timing set, one call's intermediates and
+    outputs, and two more outputs the allocator keeps in flight). Apart, so that a level-1 task's timing
+    sets (25.6 GB at the dataset's sizes on an H200) are held for the second or so of its timing, not for
+    its whole compile.
+
+    Where the reference process measured the task's call on the GPU (`Prepared.working_bytes`), from that:
+    on an H100 the guess from inputs and outputs alone promised level-1 workers 1.7x what they took, which
+    kept the baselines waiting for memory, and a level-2 GEMM worker a quarter (its weights and
+    intermediates were not in the guess). Elsewhere, the guess."""
     p = prepared
-    compiling = p.input_bytes + 2 * p.output_bytes + COMPILE_WORKER_OVERHEAD_BYTES
-    timing = (timing_sets + 2) * p.input_bytes + 4 * p.output_bytes + COMPILE_WORKER_OVERHEAD_BYTES
-    return compiling, timing
+    if p.working_bytes > 0:
+        call = max(p.working_bytes - p.input_bytes, p.output_bytes)  # one call's own, beyond its inputs
+        compiling = p.param_bytes + p.input_bytes + call
+        timing = p.param_bytes + timing_sets * p.input_bytes + call + 2 * p.output_bytes
+    else:
+        compiling = p.input_bytes + 2 * p.output_bytes
+        timing = (timing_sets + 2) * p.input_bytes + 4 * p.output_bytes
+    return compiling + COMPILE_WORKER_OVERHEAD_BYTES, timing + COMPILE_WORKER_OVERHEAD_BYTES
 
 
 def _until_ready(worker: Worker, timeout_s: float) -> dict[str, Any]:

@@ -16,6 +16,7 @@ Requests and replies are the records of `oracle.protocol`, one at a time over th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import time
@@ -24,7 +25,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -96,9 +97,11 @@ class ReferenceState:
                 out = models[case.code](*_seeded_inputs(modules[case.code], case.seed, device))
                 outputs.append(_kept(out))
             timing_outputs = []
+            working: dict[str, int] = {}  # the first timing set's call, at the task's size
             for k, seed in enumerate(request.timing_seeds):
                 send(conn, phase=f"reference timing set {k}", deadline_s=request.call_timeout_s)
-                timing_outputs.append(_kept(models[0](*_seeded_inputs(modules[0], seed, device))))
+                with _working_memory(device, working if k == 0 else None):
+                    timing_outputs.append(_kept(models[0](*_seeded_inputs(modules[0], seed, device))))
             timing.sync(device)
             inputs0 = _seeded_inputs(modules[cases[0].code], cases[0].seed, device)
             send(conn, phase="reference profile", deadline_s=request.call_timeout_s * 3)
@@ -122,6 +125,7 @@ class ReferenceState:
         prepared = Prepared(ops=ops, kernels=kernels, floor=measured_floor, constant=constant,
                             output_bytes=output_bytes,
                             input_bytes=input_bytes,
+                            param_bytes=_param_bytes(models[0]), working_bytes=working.get("bytes", 0),
                             reference_s=time.perf_counter() - started,
                             float64=float64 if isinstance(float64, str) else None)
         sizes = [task_constants(m.namespace) for m in modules]
@@ -356,6 +360,28 @@ def reference_server_entry(conn: Connection, job_dir: str) -> None:
                                         round(torch.cuda.max_memory_allocated() / 2**20)).to_json()
         send(conn, phase="idle", deadline_s=10**9)  # first: the client's next request sets its own deadline
         send(conn, **answer)
+
+
+@contextlib.contextmanager
+def _working_memory(device: str, found: dict[str, int] | None) -> Iterator[None]:
+    """Into `found["bytes"]`: what the block allocates on a GPU at its peak beyond what was allocated before
+    it, so that a torch.compile worker is promised what the task's call needs, intermediates included, not
+    a guess from its inputs and outputs. It resets the allocator's peak: the request's own peak
+    (`MemoryPeak`) counts from here, past the model's creation and the checks' first calls."""
+    if device != "cuda" or found is None:
+        yield
+        return
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    yield
+    torch.cuda.synchronize()
+    found["bytes"] = torch.cuda.max_memory_allocated() - before
+
+
+def _param_bytes(model: torch.nn.Module) -> int:
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _reserved_mb(device: str) -> float | None:

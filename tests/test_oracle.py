@@ -292,6 +292,27 @@ def test_a_check_that_waits_for_room_beside_other_tasks_references_says_so(cache
 
 
 @pytest.mark.slow
+def test_a_compile_worker_is_promised_the_call_the_reference_process_measured():
+    """On a GPU the reference process measures the task's call (`Prepared.working_bytes`, `param_bytes`):
+    the compile worker's promises come from that, weights and intermediates included; without a measure
+    (a CPU), from the inputs and outputs."""
+    from oracle.protocol import Prepared
+    from oracle.reference import COMPILE_WORKER_OVERHEAD_BYTES as OVERHEAD, compile_worker_bytes
+
+    mb = 1 << 20
+    guessed = Prepared(ops=[], kernels=[], floor=None, constant=False, output_bytes=100 * mb, input_bytes=100 * mb,
+                       reference_s=0.0)
+    assert compile_worker_bytes(guessed, 2) == (300 * mb + OVERHEAD, 800 * mb + OVERHEAD)
+    # an elementwise task: one call takes its input and its output, nothing more
+    elementwise = Prepared(**{**guessed.to_json(), "working_bytes": 200 * mb})
+    assert compile_worker_bytes(elementwise, 2) == (200 * mb + OVERHEAD, 500 * mb + OVERHEAD)
+    # a GEMM with a 4 GB weight and a large intermediate: both are promised
+    gemm = Prepared(**{**guessed.to_json(), "param_bytes": 4096 * mb, "working_bytes": 900 * mb})
+    compiling, timing = compile_worker_bytes(gemm, 2)
+    assert compiling == (4096 + 900) * mb + OVERHEAD
+    assert timing == (4096 + 2 * 100 + 800 + 2 * 100) * mb + OVERHEAD
+
+
 def test_a_compile_baseline_is_promised_memory_to_compile_then_to_be_timed(tmp_path, task):
     """The torch.compile worker starts inside its compile's memory promise, and its timing sets' room is
     promised only once it has compiled (`oracle.reference.compile_worker_bytes`). The baseline is written to
