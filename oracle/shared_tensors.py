@@ -145,15 +145,19 @@ def import_tensor(desc: SharedTensor, share_dir: Path | None) -> torch.Tensor:
     opened = _open_cuda(desc, dtype) if desc.ipc is not None else _open_file(desc, dtype, share_dir)
     with opened as live:
         try:
-            copy = live.clone()
-            changed = live.numel() and not torch.equal(_bits(copy), _bits(live))
-        except torch.OutOfMemoryError:
-            # The device is full of other processes' memory (an H100's compile workers left 1.6 GB): the
-            # copy and its second look on the host, rather than a verdict the candidate did not earn.
-            torch.cuda.empty_cache()
-            copy = live.to("cpu", copy=True)
-            changed = live.numel() and not torch.equal(_bits(copy), _bits(live.to("cpu", copy=True)))
-        del live  # no view of the mapping may outlive it
+            try:
+                copy = live.clone()
+                changed = live.numel() and not torch.equal(_bits(copy), _bits(live))
+            except torch.OutOfMemoryError:
+                # The device is full of other processes' memory (an H100's compile workers left 1.6 GB): the
+                # copy and its second look on the host, rather than a verdict the candidate did not earn.
+                torch.cuda.empty_cache()
+                copy = live.to("cpu", copy=True)
+                changed = live.numel() and not torch.equal(_bits(copy), _bits(live.to("cpu", copy=True)))
+        finally:
+            # No view of the mapping may outlive it, not even in the frame of an exception's traceback:
+            # the mapping is closed on the way out, and a look at the view then reads unmapped memory.
+            del live
         if changed:
             raise ShareError("the output changed while the oracle was reading it: the forward pass must be "
                              "finished (every stream synchronised) when it returns")

@@ -175,6 +175,30 @@ def test_an_output_the_device_has_no_room_to_copy_is_copied_to_the_host(tmp_path
     assert torch.equal(import_tensor(desc, tmp_path), t)
 
 
+def test_a_failed_copy_leaves_no_view_of_the_closed_mapping_behind(tmp_path, monkeypatch):
+    """Whatever fails while an output is copied, the error's traceback holds no view of the memory file's
+    mapping, which is closed on the way out: a look at such a view (a report, a debugger) would read
+    unmapped memory and crash the oracle."""
+    t = torch.randn(64, 64)
+    desc = export_tensor(t, tmp_path, 6)
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("the copy failed")
+
+    monkeypatch.setattr(torch.Tensor, "clone", broken)
+    try:
+        with pytest.raises(RuntimeError, match="the copy failed") as caught:
+            import_tensor(desc, tmp_path)
+    finally:
+        monkeypatch.undo()
+    frames, tb = [], caught.value.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    left = [name for f in frames for name, value in f.f_locals.items() if isinstance(value, torch.Tensor)]
+    assert "live" not in left and frames, left
+
+
 def test_hostile_descriptors_are_refused(tmp_path):
     good = export_tensor(torch.ones(4), tmp_path, 0).to_json()
     for bad in ({**good, "file": "../../etc/passwd"}, {**good, "dtype": "object"}, {**good, "shape": [-1]},
