@@ -21,6 +21,7 @@ import signal
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -142,6 +143,9 @@ class Worker:
         with _without_main_module():
             self.process.start()
         child_conn.close()
+        # A worker never closed (an oracle not closed, a run interrupted) is killed and its folder removed
+        # when it is collected, or at the latest when this interpreter exits: no job files left in /tmp.
+        self._abandoned = weakref.finalize(self, _abandon, self.process, self.dir)
         self.phase = "start"
         self.deadline = time.monotonic() + 120.0  # until the worker names its first phase
         self.phases: dict[str, float] = {}
@@ -259,7 +263,16 @@ class Worker:
             _kill_all(left)
             time.sleep(0.05)
         self.conn.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self._abandoned()  # the folder, once
+
+
+def _abandon(process: multiprocessing.process.BaseProcess, folder: Path) -> None:
+    """A worker's last cleanup: its process group killed if it still runs, its folder removed."""
+    pid = process.pid
+    if pid and process.exitcode is None:  # still running: its pid is not anybody else's yet
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 MARKER_VARIABLE = "KERNELSEARCH_WORKER"
