@@ -232,6 +232,9 @@ def summarize(out: Path, expected: dict[str, tuple[str, Path]], started: float, 
                "oracles_ready_at_s": [round(o["ready_at"] - started, 1) for o in config.get("oracles_started", [])
                                       if o.get("ready_at")],
                "oracle_init_s": [o.get("init_s") for o in config.get("oracles_started", [])],
+               # when each oracle was first asked to judge a candidate: its wait, once ready, for work
+               "first_evaluate_at_s": [round(d["first_evaluate_at"] - started, 1) for d in config.get("oracles_device") or []
+                                       if d.get("first_evaluate_at")],
                "first_verdict_at_s": min((v["at_s"] for v in verdicts), default=None)}
     return {"candidates": len(judged), "wall_s": wall, "per_min": 60 * len(judged) / wall if judged and wall > 0 else 0.0,
             "startup": startup, "tail": tail(out, judged, started), "on_device": on_device(judged, started),

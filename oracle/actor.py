@@ -51,9 +51,12 @@ class OracleActor:
         self._prepare_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="prepare")
         self.build_s = 0.0
         self.started = time.time()
+        self.first_evaluate_at: float | None = None  # when the first candidate came (`stats`)
 
     async def evaluate(self, task_json: dict[str, Any], candidate_json: dict[str, Any]) -> dict[str, Any]:
         """Build (a CPU slot), then check and time (the device slot); the verdict as JSON."""
+        if self.first_evaluate_at is None:
+            self.first_evaluate_at = time.time()
         task = Task.from_json(task_json)
         candidate = Candidate(**candidate_json)
         self._prepare(task)
@@ -182,6 +185,7 @@ class OracleActor:
                 "device_exclusive_by": {k: [round(t, 3), n] for k, (t, n) in lock.exclusive_by_now().items()},
                 "device_slots": self.oracle.config.device_slots, "build_s": self.build_s,
                 "alive_s": time.time() - self.started, "ready_at": self.started, "init_s": self.init_s,
+                "first_evaluate_at": self.first_evaluate_at,
                 "pid": os.getpid()}
 
 

@@ -256,7 +256,9 @@ class CompileBaseline:
 class OracleDevice:
     """Where one oracle's device time went so far (`oracles_device` in config.json): how long it has been
     up, busy (anything on the device) and held alone, seconds by what held it alone (a candidate's timing,
-    the eager and `torch.compile` baselines, a profile) and by the phases of the candidates' device slots."""
+    the eager and `torch.compile` baselines, a profile) and by the phases of the candidates' device slots;
+    and when it was first asked to judge a candidate, against `oracles_started`'s `ready_at`: how long a
+    ready oracle waited for its first work."""
 
     node: str | None
     alive_s: float
@@ -268,6 +270,7 @@ class OracleDevice:
     reference_peak_mb: float = 0.0  # the most device memory its reference process reserved (a GPU only)
     # by kind of request (prepare, time_eager, compare...): the most reserved and allocated, in MiB
     reference_peaks: dict[str, MemoryPeak] = field(default_factory=dict)
+    first_evaluate_at: float | None = None  # seconds since the epoch; None: no candidate asked for yet
 
     @classmethod
     def of(cls, stats: dict[str, Any]) -> "OracleDevice":
@@ -277,7 +280,8 @@ class OracleDevice:
                    round(float(stats.get("device_busy_s", 0.0)), 2), round(float(stats.get("device_exclusive_s", 0.0)), 2),
                    {k: round(float(v[0]), 2) for k, v in by.items()}, {k: int(v[1]) for k, v in by.items()},
                    {k: round(float(v), 2) for k, v in (stats.get("device_phases_s") or {}).items()},
-                   float(stats.get("reference_peak_mb") or 0.0), _peaks(stats.get("reference_peaks")))
+                   float(stats.get("reference_peak_mb") or 0.0), _peaks(stats.get("reference_peaks")),
+                   _seconds(stats.get("first_evaluate_at")))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -291,7 +295,11 @@ class OracleDevice:
                    float(data.get("exclusive_s", 0.0)), numbers(data.get("exclusive_by")),
                    {str(k): int(v) for k, v in (data.get("exclusive_times") or {}).items()},
                    numbers(data.get("phases_s")), float(data.get("reference_peak_mb") or 0.0),
-                   _peaks(data.get("reference_peaks")))
+                   _peaks(data.get("reference_peaks")), _seconds(data.get("first_evaluate_at")))
+
+
+def _seconds(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _peaks(data: Any) -> dict[str, MemoryPeak]:

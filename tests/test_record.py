@@ -153,13 +153,15 @@ def test_an_oracles_device_record_keeps_its_reference_process_memory_by_request(
     stats = {"alive_s": 10.0, "device_busy_s": 8.0, "device_exclusive_s": 2.0, "device_exclusive_by": {"eager baseline": [2.0, 3]},
              "device_phases_s": {"checks": 5.0}, "reference_peak_mb": 61000.0,
              "reference_peaks": {"prepare": {"reserved_mb": 30000.0, "allocated_mb": 27000.0},
-                                 "time_eager": {"reserved_mb": 61000.0, "allocated_mb": 35000.0}}}
+                                 "time_eager": {"reserved_mb": 61000.0, "allocated_mb": 35000.0}},
+             "first_evaluate_at": 1796592950.5}
     device = OracleDevice.of(stats)
+    assert device.first_evaluate_at == 1796592950.5 and OracleDevice.of({}).first_evaluate_at is None
     assert device.reference_peaks["time_eager"] == MemoryPeak(61000.0, 35000.0)
     back = OracleDevice.from_json(json.loads(json.dumps(device.to_json())))
     assert back == device and back.reference_peak_mb == 61000.0
-    old = {k: v for k, v in device.to_json().items() if k != "reference_peaks"}
-    assert OracleDevice.from_json(old).reference_peaks == {}
+    old = {k: v for k, v in device.to_json().items() if k not in ("reference_peaks", "first_evaluate_at")}
+    assert OracleDevice.from_json(old).reference_peaks == {} and OracleDevice.from_json(old).first_evaluate_at is None
     assert MemoryPeak(1.0, 5.0).merged(MemoryPeak(3.0, 2.0)) == MemoryPeak(3.0, 5.0)
 
 

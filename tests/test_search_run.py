@@ -147,6 +147,7 @@ def test_run_replay_end_to_end_with_dedup_and_best(tmp_path, env):
     # one correct kernel, timed once, against eager timed once: no re-timing (docs/oracle.md, rule 18)
     assert device.exclusive_times["candidate timing"] == 1 and device.exclusive_times["eager baseline"] == 1
     assert 0 < device.exclusive_s <= device.busy_s <= device.alive_s and device.phases_s["timing"] > 0
+    assert oracle["ready_at"] <= device.first_evaluate_at <= time.time()  # the first candidate came once it was up
     assert device.exclusive_s == pytest.approx(sum(device.exclusive_by.values()), abs=0.05)
     best = json.loads((out / "best" / "builtin__1_LeakyReLU_Scale.json").read_text())
     assert best["status"] == "correct" and best["retimed"] is False and "only correct kernel" in best["not_retimed"]

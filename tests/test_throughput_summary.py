@@ -29,7 +29,9 @@ def test_the_summary_counts_a_run_folder_through_the_one_reader(tmp_path):
     files = throughput.candidate_files("cpu")
     expected, _ = throughput.write_replay(files, tmp_path / "corpus.jsonl")
     (task, right), (task2, wrong) = files[:2]  # both expected correct
-    store = RunStore.create(tmp_path / "run", {"startup_s": {"tasks": 1.0, "ray": 2.0, "engine": 3.0}})
+    store = RunStore.create(tmp_path / "run", {"startup_s": {"tasks": 1.0, "ray": 2.0, "engine": 3.0},
+                                               "oracles_started": [{"ready_at": 1019.2, "init_s": {}}],
+                                               "oracles_device": [{"alive_s": 9.0, "first_evaluate_at": 1027.5}]})
     timed = dict(time_ms=1.0, build_s=20.0, device_s={"checks": 1.0, "timing": 0.5, "waiting": 9.0},
                  queued_s={"build": 0.1, "device": 4.0})
     store.append(record(task, right, 0, "correct", **timed))
@@ -48,6 +50,7 @@ def test_the_summary_counts_a_run_folder_through_the_one_reader(tmp_path):
     assert s["phases_sum"]["waiting"] == 9.0  # kept by phase, left out of the candidate's device seconds
     assert s["queued_p50"] == {"build": 0.1, "device": 4.0} and s["queued_p90"] == {"build": 0.3, "device": 6.0}
     assert s["startup"]["ray"] == 2.0 and (s["build_p50_s"], s["build_p90_s"]) == (20.0, 30.0)  # nearest rank
+    assert s["startup"]["oracles_ready_at_s"] == [19.2] and s["startup"]["first_evaluate_at_s"] == [27.5]
     # the tail: after the last verdict (at 20 s) the best kernel re-timed at 31 s, no baseline left to wait for
     assert s["tail"] == {"last_verdict_at_s": 20.0, "bests": 0, "bests_retimed": 0, "last_best_at_s": None,
                          "baselines_after_last_verdict": 0, "last_baseline_at_s": 5.0,
