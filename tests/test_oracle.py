@@ -291,7 +291,6 @@ def test_a_check_that_waits_for_room_beside_other_tasks_references_says_so(cache
     assert 0.55 <= v.queued_s["reference_memory"] < 10.0, v.queued_s
 
 
-@pytest.mark.slow
 def test_a_compile_worker_is_promised_the_call_the_reference_process_measured():
     """On a GPU the reference process measures the task's call (`Prepared.working_bytes`, `param_bytes`):
     the compile worker's promises come from that, weights and intermediates included; without a measure
@@ -313,6 +312,7 @@ def test_a_compile_worker_is_promised_the_call_the_reference_process_measured():
     assert timing == (4096 + 2 * 100 + 800 + 2 * 100) * mb + OVERHEAD
 
 
+@pytest.mark.slow
 def test_a_compile_baseline_is_promised_memory_to_compile_then_to_be_timed(tmp_path, task):
     """The torch.compile worker starts inside its compile's memory promise, and its timing sets' room is
     promised only once it has compiled (`oracle.reference.compile_worker_bytes`). The baseline is written to
