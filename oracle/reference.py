@@ -277,7 +277,7 @@ class References:
 
     def __init__(self, settings: ReferenceSettings, baselines: Path, alone: Callable[..., ContextManager],
                  shared: Callable[[], ContextManager], register: Callable[[Worker], ContextManager],
-                 reserve: Callable[[int], ContextManager] = lambda nbytes: contextlib.nullcontext()) -> None:
+                 reserve: Callable[..., ContextManager] = lambda nbytes, ahead=False: contextlib.nullcontext(False)) -> None:
         self.settings = settings
         self.baselines = baselines
         self.baselines.mkdir(parents=True, exist_ok=True)
@@ -285,7 +285,7 @@ class References:
         self._alone = alone  # alone(own): the device alone, every other registered worker stopped
         self._shared = shared  # device work that may overlap checks, never a timing
         self._register = register  # a trusted worker that must be stopped while another times
-        self._reserve = reserve  # device memory promised to a worker
+        self._reserve = reserve  # reserve(nbytes, ahead): device memory promised to a worker
         self._known: dict[str, Reference] = {}
         self._resident = ResidentBudget(settings.budget_bytes)
         self._compiles = WorkerLimit(settings.compile_workers)
@@ -476,7 +476,7 @@ class References:
                 if "ready" not in ready:  # why it could not compile
                     result = ready
                 else:  # compiled, its inputs freed: the timing sets' room only now, and only for the timing
-                    with self._reserve(timing) as borrowed:
+                    with self._reserve(timing, ahead=True) as borrowed:
                         phases.timing_borrowed = bool(borrowed)
                         clock = phases.took("memory_s", clock)
                         with self._alone(worker, "torch.compile baseline"), quiet():

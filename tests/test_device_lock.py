@@ -379,6 +379,31 @@ def test_an_in_order_memory_budget_lets_no_later_request_overtake_a_waiting_one(
     assert entered == (["large", "small"] if in_order else ["small", "large"]) and budget.used == 0 and budget.waiting == 0
 
 
+def test_a_request_asked_ahead_goes_before_the_waiting_ones_not_so_asked_and_after_those_that_were():
+    """A compiled torch.compile worker's timing promise does not wait behind every compile promise asked
+    before it; two timing promises keep their own order."""
+    from oracle.device_quiet import MemoryBudget
+
+    budget = MemoryBudget(100, in_order=True)
+    entered: list[str] = []
+
+    def hold(name: str, nbytes: int, ahead: bool) -> None:
+        with budget.reserve(nbytes, ahead=ahead):
+            entered.append(name)
+
+    threads = []
+    with budget.reserve(90):
+        for i, (name, ahead) in enumerate([("compile 1", False), ("compile 2", False), ("timing 1", True),
+                                           ("compile 3", False), ("timing 2", True)]):
+            threads.append(threading.Thread(target=hold, args=(name, 50, ahead)))
+            threads[-1].start()
+            _until(lambda: budget.waiting == i + 1)
+    for thread in threads:
+        thread.join(5)
+    assert entered == ["timing 1", "timing 2", "compile 1", "compile 2", "compile 3"]
+    assert budget.used == 0 and budget.waiting == 0
+
+
 def test_a_budget_borrows_from_its_lender_only_while_lent_and_only_what_is_free_there():
     """The compile baselines' budget, full, borrows the candidates' free memory while the oracle lends it
     (no candidate being built): the borrowed bytes count in the lender until they are returned, a

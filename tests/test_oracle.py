@@ -315,7 +315,7 @@ def test_a_compile_worker_is_promised_the_call_the_reference_process_measured():
 @pytest.mark.slow
 def test_a_compile_baseline_is_promised_memory_to_compile_then_to_be_timed(tmp_path, task):
     """The torch.compile worker starts inside its compile's memory promise, and its timing sets' room is
-    promised only once it has compiled (`oracle.reference.compile_worker_bytes`). The baseline is written to
+    promised only once it has compiled (`oracle.reference.compile_worker_bytes`), ahead of compiles waiting. The baseline is written to
     the disk cache with its phases, so that a run's tail can be read from it."""
     from oracle.reference import compile_worker_bytes
 
@@ -325,11 +325,12 @@ def test_a_compile_baseline_is_promised_memory_to_compile_then_to_be_timed(tmp_p
     reserve, register = o.references._reserve, o.references._register
 
     @contextlib.contextmanager
-    def recorded_reserve(nbytes):
-        with reserve(nbytes) as borrowed:
+    def recorded_reserve(nbytes, ahead=False):
+        with reserve(nbytes, ahead=ahead) as borrowed:
             events.append(("promised", nbytes))
             promised_at.append(time.perf_counter())
             lent.append(borrowed)
+            asked_ahead.append(ahead)
             yield True  # as if borrowed from the candidates' share: the phases say so
             events.append(("given back", nbytes))
 
@@ -339,6 +340,7 @@ def test_a_compile_baseline_is_promised_memory_to_compile_then_to_be_timed(tmp_p
 
     promised_at: list[float] = []
     lent: list[bool] = []
+    asked_ahead: list[bool] = []
 
     o.references._reserve, o.references._register = recorded_reserve, recorded_register
     try:
@@ -361,5 +363,6 @@ def test_a_compile_baseline_is_promised_memory_to_compile_then_to_be_timed(tmp_p
     assert {k for k in phases if k.endswith("_s")} == {"turn_s", "memory_s", "compile_s", "alone_wait_s", "time_s"}
     assert phases["compiling_bytes"] == compiling and phases["timing_bytes"] == timing
     assert lent == [False, False]  # both fit the compile share: nothing borrowed
+    assert asked_ahead == [False, True]  # the compiled worker's timing goes before compiles still waiting
     assert phases["compile_borrowed"] is True and phases["timing_borrowed"] is True
     assert phases["compile_reserved_mb"] is None and phases["timing_reserved_mb"] is None  # a GPU's allocator only
