@@ -32,6 +32,7 @@ class OracleActor:
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)  # kill -USR1: the threads' stacks, to its log
         t0 = time.perf_counter()
         self.oracle = Oracle(config)
+        self.oracle.start_ahead()  # its workers' fork server, reference process and standby workers
         self.init_s = {"oracle": round(time.perf_counter() - t0, 3), **self.oracle.init_s}
         self.gate, self.gate_key = gate, gate_key  # optional: pause generation on a shared GPU while timing
         self.holder = ray.get_runtime_context().get_actor_id()

@@ -19,7 +19,9 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +36,7 @@ from oracle.extract import candidate_from_completion
 from oracle.pch import default_root
 from oracle.protocol import CandidateJob, Checked, ErrorFigures, OutputsReady
 from oracle.reference import Reference, ReferenceError, References, ReferenceSettings
-from oracle.sandbox import PhaseTimeout, Worker, WorkerDied
+from oracle.sandbox import PhaseTimeout, Worker, WorkerDied, start_fork_server
 from oracle.standby import StandbyWorkers
 from oracle.timing import WALL_ROUNDS, TimingParams, block_calls, block_rounds
 from oracle.tolerance import DEFAULT_POLICY, FALLBACK_FLAG, POLICIES, check_policy
@@ -205,6 +207,23 @@ class Oracle:
         self.standby = StandbyWorkers(c.device, c.device_slots if c.standby_workers is None else c.standby_workers,
                                       self.quiet.running)
         step("references and standby")
+
+    def start_ahead(self) -> threading.Thread:
+        """Start, in a thread, what the first candidates would otherwise wait for: the workers' fork server
+        (its imports took ~8 s before the first build of a GPU run could start), the reference process and
+        the standby workers. For an oracle that will judge candidates (the Ray actor), not one made to look."""
+        def start() -> None:
+            try:
+                start_fork_server()
+                self.references.process.start()
+                self.standby.fill()
+            except Exception as exc:  # noqa: BLE001 - each is started again when first needed
+                print(f"kernelsearch: starting the oracle's workers ahead failed ({exc}); they start when needed",
+                      file=sys.stderr)
+
+        thread = threading.Thread(target=start, daemon=True, name="start ahead")
+        thread.start()
+        return thread
 
     def builds_idle(self, idle: bool) -> None:
         """While no candidate is being built or waits to be, the torch.compile baselines may use the free

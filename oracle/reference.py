@@ -224,7 +224,15 @@ class ReferenceProcess:
         self.settings = settings
         self._lock = threading.Lock()
         self._worker: Worker | None = None
+        self._closed = False
         self.peaks: dict[str, MemoryPeak] = {}  # per kind of request, the most device memory one took (a GPU only)
+
+    def start(self) -> None:
+        """Start the process ahead of its first request (its imports and device set-up off that request's
+        path); nothing once closed."""
+        with self._lock:
+            if not self._closed:
+                self._started()
 
     def request(self, op: str, args: dict[str, Any]) -> Any:
         with self._lock:
@@ -269,6 +277,7 @@ class ReferenceProcess:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._stop()
 
 

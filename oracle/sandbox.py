@@ -58,6 +58,16 @@ def _worker_context() -> Any:
         return _context
 
 
+def start_fork_server() -> None:
+    """Start the fork server now rather than with the first worker: its imports (torch, seconds on a host
+    whose torch has no bytecode) then run beside the caller's own start, not before the first build."""
+    from multiprocessing import forkserver
+
+    _worker_context()
+    with _without_main_module():
+        forkserver.ensure_running()
+
+
 def _scrub_fork_server_environment() -> None:
     """Start the fork server (and any restart of it) with the allow-listed environment only.
 

@@ -228,3 +228,26 @@ def test_a_fast_kernels_clocked_block_runs_in_rounds_and_the_fastest_counts(tmp_
     clocked = v.timing["candidate"]
     assert clocked["block_rounds"] == WALL_ROUNDS and 0 < clocked["external_ms"] < 5.0, clocked
     assert clocked["external_drain_ms"] is not None and clocked["wall_drain_ms"] is None  # a CPU: no GPU drain
+
+
+def test_an_oracle_started_ahead_has_its_workers_before_its_first_candidate(tmp_path):
+    """The Ray actor starts its oracle's fork server, reference process and standby workers as it starts, so
+    that the first builds and checks do not wait for them; an oracle closed first starts nothing."""
+    from multiprocessing import forkserver
+
+    o = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path / "cache", allow_torch=True, timing=FAST, standby_workers=1))
+    try:
+        assert o.references.process.current is None and o.standby.waiting == 0  # nothing before it is asked
+        o.start_ahead().join(120)
+        reference = o.references.process.current
+        assert reference is not None and reference.process.is_alive()
+        assert o.standby.waiting == 1
+        assert forkserver._forkserver._forkserver_pid is not None
+    finally:
+        o.close()
+    assert o.references.process.current is None and not reference.process.is_alive()
+
+    closed = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path / "cache", allow_torch=True, timing=FAST, standby_workers=1))
+    closed.close()
+    closed.start_ahead().join(120)
+    assert closed.references.process.current is None and closed.standby.waiting == 0
