@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from oracle.paths import DEFAULT_CACHE
+from oracle.pch import HEADER as FULL_PCH, LITE_BINDING
 
 BUILD_FLAGS = {"cflags": ["-O3"], "cuda_cflags": ["-O3"]}
 
@@ -359,22 +360,26 @@ def _build_choices(build_dir: Path, call: dict[str, Any], inline: bool, pch: Pat
     if cuda_sources and lighten_cuda_sources(cuda_sources) is not None:
         choices["header"] = first_rung
     if inline and first_rung == "lite":
-        choices["binding"] = "lite"  # no torch/extension.h to precompile: the binding parses little
+        choices["binding"] = "lite"  # pybind11 and the casters still parse: against their own precompiled header
+        _choose_header(choices, call, pch, record, LITE_BINDING)
     elif inline:
         _choose_header(choices, call, pch, record)
     _save_choices(build_dir, choices)
     return choices
 
 
-def _choose_header(choices: dict[str, Any], call: dict[str, Any], pch: Path | None, record: BuildRecord) -> None:
-    """main.cpp against torch/extension.h: its precompiled header when one is ready for the call's flags,
-    else asked for (`record.pch_wanted`), for the builds after this one."""
+def _choose_header(choices: dict[str, Any], call: dict[str, Any], pch: Path | None, record: BuildRecord,
+                   header: str = FULL_PCH) -> None:
+    """main.cpp against `header` (torch/extension.h, or the lite binding header): its precompiled header when
+    one is ready for the call's flags (`choices["pch"]`, the folder), else asked for (`record.pch_wanted`),
+    for the builds after this one."""
+    choices.pop("pch", None)
     if pch is None:
         return
     from oracle.pch import header_folder, is_ready, spec_for
 
     spec = spec_for(call.get("extra_cflags"), call.get("extra_include_paths"),
-                    with_cuda=bool(_as_list(call.get("cuda_sources"))))
+                    with_cuda=bool(_as_list(call.get("cuda_sources"))), header=header)
     if spec is not None and is_ready(pch, spec):
         choices["pch"] = str(header_folder(pch, spec))
     elif spec is not None:
@@ -416,7 +421,7 @@ def _rung(choices: dict[str, Any]) -> str | None:
 def _apply_choices(call: dict[str, Any], choices: dict[str, Any]) -> dict[str, Any]:
     out = dict(call)
     lite_binding = choices.get("binding") == "lite"
-    if choices.get("pch") and not lite_binding:
+    if choices.get("pch"):
         # -I folders are searched before PyTorch's -isystem ones, so gcc meets the .gch first
         out["extra_cflags"] = [*_as_list(call.get("extra_cflags")), f"-I{choices['pch']}"]
     rung = _rung(choices)
@@ -430,7 +435,8 @@ def _apply_choices(call: dict[str, Any], choices: dict[str, Any]) -> dict[str, A
         if cuda_sources:
             out["cuda_sources"] = [LITE_PRELUDE if rung == "lite" else IMPLICIT_CUDA_PRELUDE, *cuda_sources]
         cpp_sources = _as_list(call.get("cpp_sources"))
-        out["cpp_sources"] = ([LITE_BINDING_HEADER, *without_full_header(cpp_sources)] if lite_binding
+        binding = f"#include <{LITE_BINDING}>" if choices.get("pch") else LITE_BINDING_HEADER
+        out["cpp_sources"] = ([binding, *without_full_header(cpp_sources)] if lite_binding
                               else [FULL_HEADER, *cpp_sources])
     # A rung after a failed one gets its own name, so that PyTorch does not rename it to `_v1` in this
     # process only; the first one tried (and a folder from before the ladder) keeps the plain name.
@@ -542,16 +548,16 @@ class CandidateBuilds:
         return BuildOutcome(key, key_dir, True, not r.compiled, r.build_s, pch_used=r.pch_used,
                             cuda_header=r.cuda_header, binding_header=r.binding_header)
 
-    def request_default_header(self, with_cuda: bool) -> bool:
-        """Start making the precompiled header for `load_inline`'s default flags now, so that it is ready for
+    def request_default_header(self, with_cuda: bool, header: str = FULL_PCH) -> bool:
+        """Start making the precompiled `header` for `load_inline`'s default flags now, so that it is ready for
         the first builds instead of only for those that start after the first build ends (in a cold run the
-        first waves of builds would all parse torch/extension.h from scratch). The header of a candidate that
-        passes flags of its own is still asked for by its first build. Returns whether a maker started."""
+        first waves of builds would all parse it from scratch). The header of a candidate that passes flags
+        of its own is still asked for by its first build. Returns whether a maker started."""
         from oracle.pch import request_header, spec_for
 
         if self.pch is None:
             return False
-        spec = spec_for(with_build_flags({})["extra_cflags"], None, with_cuda=with_cuda)
+        spec = spec_for(with_build_flags({})["extra_cflags"], None, with_cuda=with_cuda, header=header)
         try:
             maker = request_header(self.pch, spec) if spec is not None else None
         except OSError:  # a header folder it cannot write: builds go on without headers, the oracle starts

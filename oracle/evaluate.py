@@ -33,7 +33,7 @@ from oracle.candidate import Candidate
 from oracle.cores import plan_cores
 from oracle.device_quiet import MeasuredPeaks, MemoryBudget, QuietDevice
 from oracle.extract import candidate_from_completion
-from oracle.pch import default_root
+from oracle.pch import HEADER as FULL_PCH, LITE_BINDING, default_root
 from oracle.protocol import CandidateJob, Checked, ErrorFigures, OutputsReady
 from oracle.reference import Reference, ReferenceError, References, ReferenceSettings
 from oracle.sandbox import PhaseTimeout, Worker, WorkerDied, start_fork_server
@@ -183,10 +183,10 @@ class Oracle:
                                  self.cores.for_timing if kept and c.device == "cuda" else None)
         self.pch = (c.pch_dir or default_root()) if c.precompiled_headers else None
         self.builds = CandidateBuilds(builds_root, self.gpu_arch, self.pch, c.build_timeout_s, self.quiet)
-        # CUDA candidates mostly keep load_inline's default C++ flags: their header, now, where their bindings
-        # are not compiled against the lite header first (which needs no precompiled header)
-        if c.device == "cuda" and not lite_binding_available():
-            self.builds.request_default_header(with_cuda=True)
+        # CUDA candidates mostly keep load_inline's default C++ flags: the header their bindings compile
+        # against, precompiled now (the lite binding header where this torch allows it, else torch/extension.h)
+        if c.device == "cuda":
+            self.builds.request_default_header(with_cuda=True, header=LITE_BINDING if lite_binding_available() else FULL_PCH)
         step("builds and header")
         self.memory = MemoryBudget(int(c.candidate_memory * _device_memory(c.device)))
         self.worker_peaks = MeasuredPeaks()  # per task (its reference key): the most a worker was measured to hold

@@ -13,7 +13,7 @@ import pytest
 from oracle import Oracle, OracleConfig
 from oracle.build import (LITE_BINDING_HEADER, BuildRecord, _apply_choices, _build_choices, failed_object,
                           flags_rejected, lighten_cuda_sources)
-from oracle.pch import PchSpec, header_folder, is_ready, make_header, request_header, spec_for
+from oracle.pch import LITE_BINDING, PchSpec, header_folder, is_ready, make_header, request_header, spec_for
 from tasks import Selection, load_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +46,12 @@ def test_spec_reads_pytorchs_own_flags_without_the_extension_name():
     assert spec.key == spec_for(["-O3"], None, with_cuda=False).key
     assert spec.key != spec_for(["-O2"], None, with_cuda=False).key  # flags that change code change the header
     assert spec.torch and spec.key != PchSpec(spec.cxx, spec.cflags, "0.0").key  # so does another torch
+    lite = spec_for(["-O3"], None, with_cuda=False, header=LITE_BINDING)
+    assert lite.cflags == spec.cflags and lite.key != spec.key  # the lite binding header is a header of its own
+    assert PchSpec.from_json(lite.to_json()) == lite
+    assert PchSpec.from_json({k: v for k, v in spec.to_json().items() if k != "header"}) == spec  # as asked before
+    with pytest.raises(ValueError):
+        PchSpec.from_json({**spec.to_json(), "header": "../../etc/passwd"})  # only the headers it knows
 
 
 def test_choices_are_kept_with_the_built_extension(tmp_path):
@@ -82,12 +88,14 @@ def test_choices_are_kept_with_the_built_extension(tmp_path):
 
 def test_bindings_are_tried_against_the_lite_header_first(tmp_path):
     """main.cpp starts with the lite binding header instead of torch/extension.h, its own includes of that
-    dropped (they would add nothing after a first torch/extension.h); no precompiled header is asked for."""
+    dropped (they would add nothing after a first torch/extension.h); the lite header's precompiled header is
+    asked for, and once made, included by name from its folder."""
     record = BuildRecord()
     (tmp_path / "a").mkdir()
     cpp_call = {"name": "x", "cpp_sources": ["#include <torch/extension.h>\nint f() { return 1; }"], "extra_cflags": ["-O3"]}
     choices = _build_choices(tmp_path / "a", cpp_call, True, tmp_path / "pch", record)
-    assert choices == {"binding": "lite"} and not record.pch_wanted
+    assert choices == {"binding": "lite"}
+    assert [PchSpec.from_json(w).header for w in record.pch_wanted] == [LITE_BINDING]
     applied = _apply_choices(cpp_call, choices)
     assert applied["no_implicit_headers"] is True and applied["name"] == "x"
     assert applied["cpp_sources"] == [LITE_BINDING_HEADER, "\nint f() { return 1; }"]
@@ -104,7 +112,10 @@ def test_bindings_are_tried_against_the_lite_header_first(tmp_path):
     full = _apply_choices(cuda_call, {"header": "lite", "binding": "full", "failed": ["binding"], "pch": "/p"})
     assert full["cpp_sources"][0] == "#include <torch/extension.h>" and full["extra_cflags"][-1] == "-I/p"
     assert full["name"] == "x_full"
-    assert _apply_choices(cuda_call, {"binding": "lite", "pch": "/p"}).get("extra_cflags") is None
+    # the binding against the lite header's precompiled header: included by name, its folder first on the path
+    precompiled = _apply_choices(cuda_call, {"header": "lite", "binding": "lite", "pch": "/p"})
+    assert precompiled["cpp_sources"] == [f"#include <{LITE_BINDING}>", "torch::Tensor run(torch::Tensor x);"]
+    assert precompiled["extra_cflags"][-1] == "-I/p" and precompiled["name"] == "x"
     # a call that leaves out load_inline's headers itself chose its own: nothing is changed
     (tmp_path / "b").mkdir()
     own = _build_choices(tmp_path / "b", {**cuda_call, "no_implicit_headers": True}, True, None, record)
@@ -186,6 +197,14 @@ def test_a_missing_header_is_requested_not_used(tmp_path):
                              tmp_path / "pch", record, "types")
     assert "pch" not in choices
     assert record.pch_wanted and PchSpec.from_json(record.pch_wanted[0]) == spec_for(["-O3"], None, with_cuda=False)
+    # first rung `lite`: main.cpp against the lite binding header, whose own precompiled header is asked for
+    record, lite_dir = BuildRecord(), tmp_path / "lite"
+    lite_dir.mkdir()
+    choices = _build_choices(lite_dir, {"name": "x", "cpp_sources": ["int f();"], "extra_cflags": ["-O3"]}, True,
+                             tmp_path / "pch", record, "lite")
+    assert choices == {"binding": "lite"}
+    wanted = spec_for(["-O3"], None, with_cuda=False, header=LITE_BINDING)
+    assert [PchSpec.from_json(w) for w in record.pch_wanted] == [wanted]
 
 
 def test_the_default_flags_header_is_asked_for_before_any_build(tmp_path):
@@ -219,7 +238,10 @@ def test_the_default_flags_header_is_asked_for_before_any_build(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_binding_built_against_the_lite_header_runs_and_asks_for_no_header(tmp_path):
+def test_a_binding_built_against_the_lite_header_asks_for_its_precompiled_header_and_the_next_build_uses_it(tmp_path):
+    """The binding (main.cpp) of a C++ kernel compiles against the lite binding header's text and asks for that
+    header precompiled; once it is made, the next cold build includes it by name from the header's folder,
+    and runs the same."""
     pch = tmp_path / "pch"
     task = load_tasks("builtin", Selection(task_ids=frozenset({"builtin/1_LeakyReLU_Scale"})), 256).tasks[0]
     oracle = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path / "c", pch_dir=pch))
@@ -231,8 +253,29 @@ def test_a_binding_built_against_the_lite_header_runs_and_asks_for_no_header(tmp
     verdict = oracle.check_and_time(task, candidate, build)
     assert verdict.status == "correct", verdict.message
     assert verdict.build_binding_header == "lite"
-    assert not pch.exists() or not any(pch.iterdir())  # nothing asked for: the lite binding needs no header
     assert oracle.build(candidate).binding_header == "lite"  # from the build cache, still on record
+    spec = spec_for(["-O3"], None, with_cuda=False, header=LITE_BINDING)
+    deadline = time.monotonic() + 600
+    while not is_ready(pch, spec) and time.monotonic() < deadline:  # asked for by the build, made beside it
+        time.sleep(2)
+    assert is_ready(pch, spec), (pch / f"{spec.key}.log").read_text() if (pch / f"{spec.key}.log").exists() else "no log"
+    folder = header_folder(pch, spec)
+    assert (folder / LITE_BINDING).read_text().startswith("// torch/extension.h, cut")
+    assert (folder / f"{LITE_BINDING}.gch").stat().st_size > 1_000_000
+    assert not any(pch.glob("*.failed.txt"))
+
+    second = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path / "d", pch_dir=pch, timing=oracle.config.timing))
+    candidate = second.extract(task, LEAKY.read_text())
+    build = second.build(candidate)
+    assert build.ok and build.pch_used and build.binding_header == "lite" and not build.cached
+    (main,) = (tmp_path / "d").rglob("main.cpp")
+    assert main.read_text().startswith(f"#include <{LITE_BINDING}>")
+    library = max((tmp_path / "d").rglob("*.so"), key=lambda p: p.stat().st_mtime)
+    stamp = library.stat().st_mtime
+    verdict = second.check_and_time(task, candidate, build)
+    assert verdict.status == "correct", verdict.message
+    assert library.stat().st_mtime == stamp  # the check imported what was built, it did not rebuild
+    assert verdict.build_pch and verdict.build_binding_header == "lite"
 
 
 # torch::exp is not in the lite header: the binding file fails there and is built against torch/extension.h

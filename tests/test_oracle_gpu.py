@@ -245,16 +245,30 @@ def _cycles_per_ms() -> float:
 
 def test_a_cold_builds_first_kernel_compiles_both_halves_against_the_lite_headers(tmp_path):
     """A cold build of a kernel: its CUDA source against the `lite` header, its binding (main.cpp) against the
-    lite binding header; it loads and runs. A GPU oracle whose bindings build that way asks for no precompiled
-    header when it starts (a header maker would take a core from the first builds for a minute)."""
-    o = Oracle(OracleConfig(device="cuda", cache_dir=tmp_path / "cache", pch_dir=tmp_path / "pch", call_timeout_s=20))
+    lite binding header; it loads and runs. A GPU oracle whose bindings build that way asks, when it starts,
+    for the lite binding header precompiled for load_inline's default flags; a build once it is made uses it."""
+    from oracle.build import with_build_flags
+    from oracle.pch import LITE_BINDING, is_ready, spec_for
+
+    pch = tmp_path / "pch"
+    o = Oracle(OracleConfig(device="cuda", cache_dir=tmp_path / "cache", pch_dir=pch, call_timeout_s=20))
     try:
-        assert not o.quiet._header_makers
+        assert len(o.quiet._header_makers) == 1
         v = evaluate(o, "level1/19_ReLU", "correct")
+        o.quiet._header_makers[0].wait(600)
     finally:
         o.close()
+    spec = spec_for(with_build_flags({})["extra_cflags"], None, with_cuda=True, header=LITE_BINDING)
+    assert is_ready(pch, spec), sorted(p.name for p in pch.iterdir())
+    cold = Oracle(OracleConfig(device="cuda", cache_dir=tmp_path / "cold", pch_dir=pch, call_timeout_s=20))
+    try:
+        again = evaluate(cold, "level1/19_ReLU", "correct")
+    finally:
+        cold.close()
     assert v.status == "correct", v.message
-    assert v.build_header == "lite" and v.build_binding_header == "lite" and not v.build_pch and not v.build_cached
+    assert v.build_header == "lite" and v.build_binding_header == "lite" and not v.build_cached
+    assert again.status == "correct", again.message
+    assert again.build_pch and again.build_binding_header == "lite" and not again.build_cached
 
 
 def test_the_fillers_lead_every_profiling_session_and_are_left_out_of_what_it_saw():
