@@ -6,12 +6,12 @@ For every distinct candidate under `benchmarks/candidates/` of the backend (`*_c
 cuda; those expected not to compile are left out), one after another so that no two builds share the cores:
 - plain: a fresh `python` imports the candidate with an empty TORCH_EXTENSIONS_DIR, so `load_inline` builds
   it exactly as the candidate wrote it, the way simple harnesses do; the seconds around the import;
-- oracle: `Oracle.build` with an empty build cache, as the engine's build slots run it (precompiled
-  torch/extension.h for the C++ half, torch/types.h for CUDA sources, see oracle/build.py); `build_s`.
+- oracle: `Oracle.build` with an empty build cache, as the engine's build slots run it (the C++ half against
+  the lite binding header, precompiled; CUDA sources against the lite header; see oracle/build.py); `build_s`.
 The order alternates between candidates so that drift in the machine's speed does not favour one side.
 Each build's ninja log says where its time went: the C++ binding file (`main.o`), the CUDA file
-(`cuda.cuda.o`) and the link. The precompiled header is made once before the builds and its one-time cost
-printed. `--nvcc-phases` compiles one CUDA source with `nvcc --time` against each header (no GPU needed)
+(`cuda.cuda.o`) and the link. The precompiled headers are made once before the builds and their one-time
+cost printed. `--nvcc-phases` compiles one CUDA source with `nvcc --time` against each header (no GPU needed)
 to show nvcc's passes: the host and device front ends parse every header the source includes.
 """
 
@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT.parent))
 from oracle import Oracle, OracleConfig  # noqa: E402
 from oracle.build import LITE_PRELUDE, lighten_cuda_sources  # noqa: E402
 from oracle.candidate import Candidate  # noqa: E402
-from oracle.pch import make_header, spec_for  # noqa: E402
+from oracle.pch import HEADERS, make_header, spec_for  # noqa: E402
 
 PLAIN = r"""
 import json, runpy, sys, time
@@ -172,12 +172,13 @@ def main() -> None:
         return
 
     pch = args.pch_dir or Path(tempfile.mkdtemp(prefix="ks-pch-"))
-    spec = spec_for(["-O3"], None, with_cuda=backend == "cuda")
-    t0 = time.perf_counter()
-    made = make_header(pch, spec) if spec else None
-    report["pch_s"] = made
-    print(f"precompiled header: {'made in %.1f s (once per toolchain)' % made if made else 'already there' if made == 0.0 else 'not made'}"
-          f" {time.perf_counter() - t0:.1f} s", flush=True)
+    for header in HEADERS:  # torch/extension.h, and the lite binding header the oracle's bindings compile against
+        spec = spec_for(["-O3"], None, with_cuda=backend == "cuda", header=header)
+        t0 = time.perf_counter()
+        made = make_header(pch, spec) if spec else None
+        report.setdefault("pch_s", {})[header] = made
+        print(f"precompiled {header}: {'made in %.1f s (once per toolchain)' % made if made else 'already there' if made == 0.0 else 'not made'}"
+              f" {time.perf_counter() - t0:.1f} s", flush=True)
 
     for i, (name, text) in enumerate(files):
         order = ("plain", "oracle") if i % 2 == 0 else ("oracle", "plain")
