@@ -17,7 +17,9 @@ step_command() {
     smoke) echo "python3 -m pytest -q -m gpu -x tests/test_oracle_gpu.py -k trusted_side > $out/smoke.log 2>&1" ;;
     # the run folder under \$OUT: a run cut short still brings its samples back
     throughput) echo "python3 benchmarks/throughput.py --ours --work $work --run-dir $work/throughput-run --out $out/throughput.json > $out/throughput.log 2>&1" ;;
-    tests) echo "python3 -m pytest -q -rfE -m gpu ${TESTS:-tests} > $out/tests.log 2>&1" ;;
+    # caches of their own: a throughput step after them stays cold, and their baselines are not another step's
+    tests) echo "KERNELSEARCH_CACHE=$work/tests-cache KERNELSEARCH_PCH=$work/tests-cache/pch \
+          python3 -m pytest -q -rfE -m gpu ${TESTS:-tests} > $out/tests.log 2>&1" ;;
     peer) echo "python3 benchmarks/throughput.py --peer ${PEER_N:-32} --work /tmp/ks-peer --out $out/peer.json > $out/peer.log 2>&1" ;;
     demo) echo "rm -rf /tmp/ks-demo-cache; KERNELSEARCH_CACHE=/tmp/ks-demo-cache KERNELSEARCH_PCH=/tmp/ks-demo-cache/pch \
           /usr/bin/time -f 'demo wall %e s' python3 -m search.cli demo --device cuda --out $work/demo-run > $out/demo.log 2>&1" ;;
