@@ -1,6 +1,7 @@
 """Cold build time of candidate extensions: plain `load_inline` against the oracle's build, side by side.
 
-    python benchmarks/build_speed.py [--backend cpp|cuda] [--limit N] [--nvcc-phases] [--out FILE.json]
+    python benchmarks/build_speed.py [--backend cpp|cuda] [--limit N] [--against plain|no-pch] [--nvcc-phases]
+                                     [--out FILE.json]
 
 For every distinct candidate under `benchmarks/candidates/` of the backend (`*_cpp.py` for cpp, the others for
 cuda; those expected not to compile are left out), one after another so that no two builds share the cores:
@@ -8,7 +9,9 @@ cuda; those expected not to compile are left out), one after another so that no 
   it exactly as the candidate wrote it, the way simple harnesses do; the seconds around the import;
 - oracle: `Oracle.build` with an empty build cache, as the engine's build slots run it (the C++ half against
   the lite binding header, precompiled; CUDA sources against the lite header; see oracle/build.py); `build_s`.
-The order alternates between candidates so that drift in the machine's speed does not favour one side.
+With `--against no-pch` the first side is the oracle's own build without precompiled headers instead (what
+the headers alone save). The order alternates between candidates so that drift in the machine's speed does
+not favour one side.
 Each build's ninja log says where its time went: the C++ binding file (`main.o`), the CUDA file
 (`cuda.cuda.o`) and the link. The precompiled headers are made once before the builds and their one-time
 cost printed. `--nvcc-phases` compiles one CUDA source with `nvcc --time` against each header (no GPU needed)
@@ -83,9 +86,10 @@ def plain_build(text: str) -> tuple[float, dict[str, float]]:
         return json.loads(out.stdout.strip().splitlines()[-1])["seconds"], ninja_steps(Path(tmp) / "ext")
 
 
-def oracle_build(text: str, device: str, backend: str, pch: Path) -> tuple[float, dict[str, float], dict]:
+def oracle_build(text: str, device: str, backend: str, pch: Path | None) -> tuple[float, dict[str, float], dict]:
+    """`pch` None: without precompiled headers."""
     with tempfile.TemporaryDirectory(prefix="ks-oracle-") as tmp:
-        oracle = Oracle(OracleConfig(device=device, cache_dir=Path(tmp), pch_dir=pch))
+        oracle = Oracle(OracleConfig(device=device, cache_dir=Path(tmp), pch_dir=pch, precompiled_headers=pch is not None))
         outcome = oracle.build(Candidate.make("bench", text, backend))
         if not outcome.ok:
             raise RuntimeError(f"oracle build failed: {outcome.message[:300]}")
@@ -138,6 +142,8 @@ def main() -> None:
     ap.add_argument("--nvcc-include", action="append", default=[],
                     help="an extra include folder for --nvcc-phases (a toolkit without cuSPARSE/cuBLAS headers)")
     ap.add_argument("--pch-dir", type=Path, default=None, help="default: a fresh folder (the one-time cost is shown)")
+    ap.add_argument("--against", choices=["plain", "no-pch"], default="plain",
+                    help="the other side: plain load_inline, or the oracle's build without precompiled headers")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     import torch
@@ -185,7 +191,9 @@ def main() -> None:
         row: dict = {"candidate": name}
         for side in order:
             try:
-                if side == "plain":
+                if side == "plain" and args.against == "no-pch":
+                    row["plain_s"], row["plain_steps"], _ = oracle_build(text, device, backend, None)
+                elif side == "plain":
                     row["plain_s"], row["plain_steps"] = plain_build(text)
                 else:
                     row["oracle_s"], row["oracle_steps"], row["oracle_used"] = oracle_build(text, device, backend, pch)
@@ -193,7 +201,7 @@ def main() -> None:
                 row[f"{side}_error"] = str(exc)[:300]
         report["rows"].append(row)
         if "plain_s" in row and "oracle_s" in row:
-            print(f"  {name:60s} plain {row['plain_s']:6.1f} s  oracle {row['oracle_s']:6.1f} s  "
+            print(f"  {name:60s} {args.against} {row['plain_s']:6.1f} s  oracle {row['oracle_s']:6.1f} s  "
                   f"x{row['plain_s'] / row['oracle_s']:.2f}  {row['oracle_used']}", flush=True)
         else:
             print(f"  {name:60s} {row.get('plain_error') or row.get('oracle_error')}", flush=True)
@@ -211,8 +219,10 @@ def main() -> None:
             for r in both:
                 for k, v in r[f"{side}_steps"].items():
                     steps.setdefault(k, []).append(v)
-            print(f"  {side:7s}" + "".join(f"  {k} {statistics.median(v):.1f}" for k, v in sorted(steps.items())))
-        print(f"\ncold build p50: plain load_inline {p50_plain:.1f} s, oracle {p50_oracle:.1f} s, "
+            print(f"  {(args.against if side == 'plain' else side):7s}" + "".join(f"  {k} {statistics.median(v):.1f}" for k, v in sorted(steps.items())))
+        other = "plain load_inline" if args.against == "plain" else "the oracle without precompiled headers"
+        report["against"] = args.against
+        print(f"\ncold build p50: {other} {p50_plain:.1f} s, oracle {p50_oracle:.1f} s, "
               f"ratio {p50_plain / p50_oracle:.2f} (median per-candidate ratio {statistics.median(ratios):.2f}, "
               f"{len(both)} candidates, {backend}, {device})")
     if args.out:
