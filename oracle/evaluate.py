@@ -210,8 +210,9 @@ class Oracle:
 
     def start_ahead(self) -> threading.Thread:
         """Start, in a thread, what the first candidates would otherwise wait for: the workers' fork server
-        (its imports took ~8 s before the first build of a GPU run could start), the reference process and
-        the standby workers. For an oracle that will judge candidates (the Ray actor), not one made to look."""
+        (started with the first build, that build waited for its imports: seconds of torch on a host whose
+        torch has no bytecode), the reference process and the standby workers. For an oracle that will judge
+        candidates (the Ray actor), not one made to look."""
         def start() -> None:
             try:
                 start_fork_server()

@@ -254,8 +254,9 @@ def test_a_cold_builds_first_kernel_compiles_both_halves_against_the_lite_header
     o = Oracle(OracleConfig(device="cuda", cache_dir=tmp_path / "cache", pch_dir=pch, call_timeout_s=20))
     try:
         assert len(o.quiet._header_makers) == 1
+        maker = o.quiet._header_makers[0]
         v = evaluate(o, "level1/19_ReLU", "correct")
-        o.quiet._header_makers[0].wait(600)
+        maker.wait(600)
     finally:
         o.close()
     spec = spec_for(with_build_flags({})["extra_cflags"], None, with_cuda=True, header=LITE_BINDING)
