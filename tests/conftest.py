@@ -16,6 +16,19 @@ KERNELBENCH_JSONL = Path(
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def lite_binding_header_made() -> None:
+    """The shared folder's lite binding header, made before the first test: otherwise the first C++ build
+    asks for it and a background compiler takes a core for ~20 s beside whichever tests come next (on a
+    2-core machine, enough to slow a timed one past its limit). Tests of the headers use folders of their own."""
+    from oracle.build import with_build_flags
+    from oracle.pch import LITE_BINDING, default_root, make_header, spec_for
+
+    spec = spec_for(with_build_flags({})["extra_cflags"], None, with_cuda=False, header=LITE_BINDING)
+    if spec is not None:
+        make_header(default_root(), spec)
+
+
 @pytest.fixture
 def kernelbench_jsonl() -> Path:
     if not KERNELBENCH_JSONL.exists():
