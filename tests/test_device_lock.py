@@ -393,9 +393,10 @@ def test_a_request_asked_ahead_goes_before_the_waiting_ones_not_so_asked_and_aft
 
     threads = []
     with budget.reserve(90):
+        # 60 each: no two fit at once, so each enters (and says so) only after the one before it has left
         for i, (name, ahead) in enumerate([("compile 1", False), ("compile 2", False), ("timing 1", True),
                                            ("compile 3", False), ("timing 2", True)]):
-            threads.append(threading.Thread(target=hold, args=(name, 50, ahead)))
+            threads.append(threading.Thread(target=hold, args=(name, 60, ahead)))
             threads[-1].start()
             _until(lambda: budget.waiting == i + 1)
     for thread in threads:
