@@ -51,6 +51,7 @@ def _worker_context() -> Any:
     global _context
     with _context_lock:
         if _context is None:
+            sweep_orphans()
             _scrub_fork_server_environment()
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(FORK_SERVER_PRELOAD)
@@ -139,7 +140,8 @@ class Worker:
         """`placement`: the cores and niceness the worker runs with (`oracle.cores`), set in it before the
         entry runs; everything it starts (ninja, nvcc, cc1plus) inherits them. `job` None: the worker starts
         ahead of its job, which `assign` gives it (an entry that supports it: `oracle.standby`)."""
-        self.dir = Path(tempfile.mkdtemp(prefix="ks-worker-"))
+        # named for this (trusted) process: a later one removes it if this one died unable to (`sweep_orphans`)
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
         os.chmod(self.dir, 0o700)
         self._write(job, files)
         ctx = _worker_context()
@@ -283,6 +285,35 @@ def _abandon(process: multiprocessing.process.BaseProcess, folder: Path) -> None
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGKILL)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+FOLDER_PREFIX = "ks-worker-"
+
+
+def sweep_orphans(folder: Path | None = None) -> list[Path]:
+    """Remove the worker folders whose trusted process is gone (`FOLDER_PREFIX` + its pid): one killed
+    outright (a Ray actor killed, a SIGKILL) runs no finalizer, and its workers' job files would stay in the
+    temporary folder for good. Folders of a live process, or of another user, are left alone. Returns those removed."""
+    removed = []
+    for path in (folder or Path(tempfile.gettempdir())).glob(f"{FOLDER_PREFIX}*-*"):
+        owner = path.name[len(FOLDER_PREFIX):].split("-", 1)[0]
+        if not owner.isdigit() or _alive(int(owner)):
+            continue
+        with contextlib.suppress(OSError):
+            if path.is_dir() and path.stat().st_uid == os.getuid():
+                shutil.rmtree(path)
+                removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    return True
 
 
 MARKER_VARIABLE = "KERNELSEARCH_WORKER"

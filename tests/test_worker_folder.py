@@ -71,3 +71,33 @@ def test_workers_never_closed_leave_no_folder_when_the_interpreter_exits(tmp_pat
     for folder, pid in left:
         assert not Path(folder).exists(), folder
         assert _until(lambda: _gone(int(pid))), f"worker {pid} still runs"
+
+
+def test_folders_of_a_trusted_process_that_died_are_swept_by_the_next(tmp_path):
+    """A trusted process killed outright (a Ray actor killed) runs no finalizer: the next process to start
+    workers in the same temporary folder removes its workers' folders, and none of a live process."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch)}
+    start_one = (
+        "import os, signal\n"
+        "from oracle.harness import build_entry\n"
+        "from oracle.sandbox import Worker\n"
+        f"job = {{'cache': {str(tmp_path)!r}, 'candidate_path': 'c.py', 'build_timeout_s': 60}}\n"
+        "w = Worker(build_entry, job, files={'c.py': 'x = 1\\n'})\n"
+        "print(w.dir, flush=True)\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", start_one + "os.kill(os.getpid(), signal.SIGKILL)\n"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120, env=env)
+    orphan = Path(killed.stdout.split()[0])
+    assert killed.returncode == -9 and orphan.is_dir() and orphan.parent == scratch
+    live = scratch / f"ks-worker-{os.getpid()}-live"  # this process's, as far as the sweep can tell
+    unnamed = scratch / "ks-worker-unnamed"  # no owner in its name: left alone
+    live.mkdir()
+    unnamed.mkdir()
+    after = subprocess.run([sys.executable, "-c", start_one + "w.close()\n"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120, env=env)
+    assert after.returncode == 0, after.stderr[-2000:]
+    assert not orphan.exists()
+    assert live.is_dir() and unnamed.is_dir()
+    assert sorted(p.name for p in scratch.glob("ks-worker-*")) == sorted([live.name, unnamed.name])
