@@ -7,11 +7,14 @@ width (`search.terminal`), so ids and numbers are never cut.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import json
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Callable, Optional, TypeVar
 
 import typer
 from rich.markup import escape
@@ -21,7 +24,7 @@ from search import options as opt
 from search.devices import resolve_device as _resolve_device
 from search.terminal import add_id_column, make_console
 from search.words import plural
-from tasks import LoadResult, Selection, SelectionError, SourceError, load_tasks
+from tasks import LoadResult, Selected, Selection, SelectionError, SourceError, fit_selected, read_selected
 from tasks.fitting import default_budget_mb
 
 PROG = "kernelsearch"
@@ -87,6 +90,16 @@ def _root(
     """Best-of-n search for fast, verified GPU kernels from small local code models."""
 
 
+T = TypeVar("T")
+
+
+def timed(fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, float]:
+    """`fn`'s result and the seconds it took (rounded to 10 ms)."""
+    began = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, round(time.perf_counter() - began, 2)
+
+
 def fail(message: str, code: int = 2) -> None:
     """A user error: one line on stderr, no traceback."""
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
@@ -104,22 +117,30 @@ def select_tasks(source: str, level: int | None, ids: str | None, tasks: str | N
                  device: str, warn_unknown: bool = True) -> LoadResult:
     """Load the selected tasks fitted to the budget; report malformed ones and go on. `warn_unknown`: say
     which asked-for task ids the source lacks (a caller that fails on them says it itself)."""
+    return fit_tasks(read_tasks(source, level, ids, tasks, warn_unknown), max_input_mb, device)
+
+
+def read_tasks(source: str, level: int | None, ids: str | None, tasks: str | None, warn_unknown: bool = True) -> Selected:
+    """The selected tasks as written (quick: nothing runs), or one line for a bad selection or source."""
     try:
         selection = Selection.from_flags(level, ids, tasks)
-    except SelectionError as exc:
+        selected = read_selected(source, selection)
+    except (SelectionError, SourceError) as exc:
         fail(str(exc))
+    if selection.task_ids and warn_unknown:
+        for task_id in sorted(selection.task_ids - {r.id for r in selected.raws}):
+            err_console.print(f"[yellow]unknown task[/] {escape(task_id)} in {escape(source)}", highlight=False)
+    return selected
+
+
+def fit_tasks(selected: Selected, max_input_mb: float | None, device: str, spinner: bool = True) -> LoadResult:
+    """`read_tasks`'s tasks fitted to the budget, each malformed one named. `spinner` False: the caller shows its
+    own (one live display at a time)."""
     budget = max_input_mb if max_input_mb is not None else default_budget_mb(device)
-    try:
-        with err_console.status("loading tasks...", spinner="dots"):
-            result = load_tasks(source, selection, budget)
-    except SourceError as exc:
-        fail(str(exc))
+    with err_console.status("loading tasks...", spinner="dots") if spinner else contextlib.nullcontext():
+        result = fit_selected(selected, budget)
     for error in result.errors:
         err_console.print(f"[yellow]skipped[/] {escape(error.id)}: {escape(error.reason)}", highlight=False, soft_wrap=True)
-    if selection.task_ids and warn_unknown:
-        unknown = sorted(selection.task_ids - {t.id for t in result.tasks} - {e.id for e in result.errors})
-        for task_id in unknown:
-            err_console.print(f"[yellow]unknown task[/] {escape(task_id)} in {escape(source)}", highlight=False)
     return result
 
 
@@ -258,7 +279,6 @@ def run_command(
 ) -> None:
     """Search: sample n candidates per task, verify and time each, keep the best kernel."""
     import asyncio
-    import time
 
     from search.controller import SearchPlan
     from search.generators.base import GeneratorError
@@ -280,6 +300,7 @@ def run_command(
             fail(f"{resume / 'config.json'} cannot be resumed ({type(exc).__name__}: {exc})")
         check_generator(settings.generator)
         task_list = [Task.from_json(t) for t in cfg["tasks"]]
+        loading = None
         err_console.print(f"resuming {escape(str(resume))}: {plural(len(recorded), 'sample')} already recorded",
                           highlight=False)
     else:
@@ -298,12 +319,14 @@ def run_command(
             tasks = ",".join(named)
             err_console.print(f"tasks: the {plural(len(named), 'task')} that {escape(generator)} names "
                               "(select others with --tasks, --level or --ids)", highlight=False, soft_wrap=True)
-        began = time.perf_counter()
-        loaded = select_tasks(source, level, ids, tasks, max_input_mb, dev)
-        if not loaded.tasks:
+        # the tasks are read here (a bad source or selection fails at once) and fitted in a thread beside Ray's
+        # start (seconds each where torch imports slowly); Ray starts on this thread, to which its client is bound
+        selected = read_tasks(source, level, ids, tasks)
+        if not selected.raws:
             fail("no tasks selected")
-        startup_s["tasks"] = round(time.perf_counter() - began, 2)
-        task_list = loaded.tasks
+        loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tasks")
+        loading = loader.submit(timed, fit_tasks, selected, max_input_mb, dev, spinner=False)
+        loader.shutdown(wait=False)
         plan = SearchPlan(n=n, rounds=rounds, target_speedup=target_speedup, early_stop=not no_early_stop,
                           seed=seed, max_tokens=max_tokens)
         settings = RunSettings(generator=generator, strategy=strategy, plan=plan, device=dev, gpus=gpus, address=address,
@@ -313,13 +336,23 @@ def run_command(
                                generator_replicas=generator_replicas, tensor_parallel_size=tensor_parallel_size,
                                share_generator=share_generator)
         recorded = []
-    with err_console.status("starting Ray and the generator...", spinner="dots"):
+    starting = "starting Ray and the generator..." if loading is None else "loading tasks, starting Ray and the generator..."
+    with err_console.status(starting, spinner="dots"):
         try:
             began = time.perf_counter()
             resources = start_ray(settings.address, settings.device)
-            ray_up = time.perf_counter()
+            startup_s["ray"] = round(time.perf_counter() - began, 2)  # beside the tasks' loading (its own seconds)
+        except RuntimeError as exc:
+            fail(str(exc))
+        if loading is not None:  # before the generator starts: a bad selection fails without loading a model
+            loaded, startup_s["tasks"] = loading.result()
+            if not loaded.tasks:
+                fail("no tasks selected")
+            task_list = loaded.tasks
+        try:
+            began = time.perf_counter()
             engine = asyncio.run(build_engine(settings))
-            startup_s.update(ray=round(ray_up - began, 2), engine=round(time.perf_counter() - ray_up, 2))
+            startup_s["engine"] = round(time.perf_counter() - began, 2)
         except (GeneratorError, RuntimeError) as exc:
             fail(str(exc))
     if resume is None:
@@ -390,8 +423,6 @@ def demo_command(
     device: opt.Device = "auto",
 ) -> None:
     """A short search on built-in tasks with recorded completions standing in for a model (no model, no GPU needed)."""
-    import time
-
     from search.demo import DemoError, run_demo
 
     try:

@@ -1,7 +1,7 @@
 """Tasks: the problems whose PyTorch operators a candidate kernel must replace."""
 
 from tasks.fitting import CPU_BUDGET_MB, FitError
-from tasks.loaders import LoadResult, SourceError, load_tasks
+from tasks.loaders import LoadResult, Selected, SourceError, fit_selected, load_tasks, read_selected
 from tasks.model import Task, TaskError
 from tasks.runtime import TaskCodeError, TaskModule, exec_task_code
 from tasks.selection import Selection, SelectionError
@@ -10,6 +10,7 @@ __all__ = [
     "CPU_BUDGET_MB",
     "FitError",
     "LoadResult",
+    "Selected",
     "Selection",
     "SelectionError",
     "SourceError",
@@ -18,5 +19,7 @@ __all__ = [
     "TaskError",
     "TaskModule",
     "exec_task_code",
+    "fit_selected",
     "load_tasks",
+    "read_selected",
 ]

@@ -41,6 +41,14 @@ class LoadResult:
     errors: list[TaskError] = field(default_factory=list)
 
 
+@dataclass
+class Selected:
+    """A source's selected tasks as written, before fitting (`read_selected`), and the source's malformed rows."""
+
+    raws: list[RawTask]
+    errors: list[TaskError]
+
+
 def read_directory(root: Path, prefix: str | None = None) -> list[RawTask]:
     """Problems laid out as `levelN/<id>_<Name>.py` under `root` (or under `root/KernelBench`).
 
@@ -167,16 +175,26 @@ def build_task(raw: RawTask, max_input_mb: float | None) -> Task:
     )
 
 
-def load_tasks(source: str | Path, selection: Selection | None = None, max_input_mb: float | None = None) -> LoadResult:
-    """Read, select, fit and check the tasks of a source. Raises SourceError only for the source itself."""
+def read_selected(source: str | Path, selection: Selection | None = None) -> Selected:
+    """The selected tasks of a source as written, not yet fitted (`raws`): quick, since nothing is run, so a bad
+    source or an empty selection is known before anything slow starts. Raises SourceError only for the source."""
     raws, errors = read_source(source)
     selection = selection or Selection()
-    result = LoadResult(errors=[e for e in errors if selection.is_open()])
-    for raw in raws:
-        if not selection.matches(raw.id, raw.level, raw.problem_id):
-            continue
+    return Selected(raws=[r for r in raws if selection.matches(r.id, r.level, r.problem_id)],
+                    errors=[e for e in errors if selection.is_open()])
+
+
+def fit_selected(selected: Selected, max_input_mb: float | None = None) -> LoadResult:
+    """Fit and check `read_selected`'s tasks (runs each task's code: seconds for a level's worth)."""
+    result = LoadResult(errors=list(selected.errors))
+    for raw in selected.raws:
         try:
             result.tasks.append(build_task(raw, max_input_mb))
         except (TaskCodeError, FitError) as exc:
             result.errors.append(TaskError(raw.id, str(exc)))
     return result
+
+
+def load_tasks(source: str | Path, selection: Selection | None = None, max_input_mb: float | None = None) -> LoadResult:
+    """Read, select, fit and check the tasks of a source. Raises SourceError only for the source itself."""
+    return fit_selected(read_selected(source, selection), max_input_mb)

@@ -95,3 +95,50 @@ def test_eval_judges_under_the_asked_tolerance_policy():
     assert verdict["status"] == "correct" and verdict["tolerance"] == "numeric", out.stderr
     assert verdict["passes"] == ["kernelbench", "kernelbench-v0.1", "numeric"]
     assert verdict["errors"]["ref32_rel_l2_64"] is not None and verdict["errors"]["over_bound"]["numeric"] <= 1
+
+
+def test_run_fits_its_tasks_beside_rays_start_and_fails_a_bad_selection_before_it(tmp_path, monkeypatch):
+    """Fitting tasks (seconds where torch imports slowly) overlaps Ray's start; a bad source or an empty
+    selection is known from reading alone, so it fails before Ray starts."""
+    import threading
+
+    from typer.testing import CliRunner
+
+    import search.cli as cli
+    import search.runner as runner
+    from tasks import LoadResult
+
+    replay = tmp_path / "r.jsonl"
+    replay.write_text(json.dumps({"task": "builtin/1_LeakyReLU_Scale", "completion": "x"}) + "\n")
+    fitting, ray_asked, seen = threading.Event(), threading.Event(), []
+
+    def fit(selected, budget):
+        fitting.set()
+        seen.append(("fit saw Ray asked", ray_asked.wait(30)))
+        return LoadResult()
+
+    def start_ray(address, device):
+        ray_asked.set()
+        seen.append(("Ray saw fitting", fitting.wait(30)))
+        raise RuntimeError("Ray is not started in this test")
+
+    monkeypatch.setattr(cli, "fit_selected", fit)
+    monkeypatch.setattr(runner, "start_ray", start_ray)
+    run = ["run", "--generator", f"replay:{replay}", "-n", "1", "--device", "cpu", "--out", str(tmp_path / "run")]
+    for flags, words in ((["--source", "/no/such/place"], "no such file"), (["--tasks", "builtin/none"], "no tasks selected")):
+        res = CliRunner().invoke(cli.app, [*run, *flags])
+        assert res.exit_code == 2 and words in res.output, res.output
+    assert not ray_asked.is_set() and not fitting.is_set()
+    res = CliRunner().invoke(cli.app, run)
+    assert res.exit_code == 2 and "error: Ray is not started in this test" in res.output, res.output
+    assert _until_true(lambda: len(seen) == 2)
+    assert sorted(seen) == [("Ray saw fitting", True), ("fit saw Ray asked", True)]
+
+
+def _until_true(condition, timeout_s: float = 30.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
