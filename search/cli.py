@@ -336,8 +336,8 @@ def run_command(
                                generator_replicas=generator_replicas, tensor_parallel_size=tensor_parallel_size,
                                share_generator=share_generator)
         recorded = []
-    starting = "starting Ray and the generator..." if loading is None else "loading tasks, starting Ray and the generator..."
-    with err_console.status(starting, spinner="dots"):
+    starting = "starting Ray and the generator..."
+    with err_console.status(starting if loading is None else f"loading tasks, {starting}", spinner="dots"):
         try:
             began = time.perf_counter()
             resources = start_ray(settings.address, settings.device)
