@@ -174,7 +174,9 @@ class OracleActor:
 
     def close(self) -> None:
         """At the run's end: the workers on standby and the reference process end, and their folders go
-        (Ray ends an actor by killing its process, which would leave the folders behind)."""
+        (Ray ends an actor by killing its process, which would leave the folders behind). Tasks still queued
+        for preparation are dropped: the process would otherwise wait for them all as it exits."""
+        self._prepare_threads.shutdown(wait=False, cancel_futures=True)
         self.oracle.close()
 
     def stats(self) -> dict[str, Any]:

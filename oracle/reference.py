@@ -236,6 +236,8 @@ class ReferenceProcess:
 
     def request(self, op: str, args: dict[str, Any]) -> Any:
         with self._lock:
+            if self._closed:  # no process is started again once the oracle closed
+                raise ReferenceError("the reference process is closed")
             worker = self._started()
             worker.send(op=op, args=args)
             try:
@@ -276,8 +278,13 @@ class ReferenceProcess:
             self._worker = None
 
     def close(self) -> None:
+        """End the process, and with it a request under way (a task's reference taking minutes): its thread
+        sees the process gone and raises ReferenceError; later requests raise it at once."""
+        self._closed = True
+        worker = self._worker
+        if worker is not None:
+            worker.close()  # not under the lock, which the request under way holds
         with self._lock:
-            self._closed = True
             self._stop()
 
 

@@ -251,3 +251,52 @@ def test_an_oracle_started_ahead_has_its_workers_before_its_first_candidate(tmp_
     closed.close()
     closed.start_ahead().join(120)
     assert closed.references.process.current is None and closed.standby.waiting == 0
+
+
+# A task whose reference takes minutes on a real tensor (fitting runs it on the meta device only).
+SLOW_TASK = '''
+import time
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        if x.device.type != "meta":
+            time.sleep(300)
+        return x * 2
+
+def get_inputs():
+    return [torch.randn(64)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_closing_an_oracle_ends_a_reference_being_made_and_starts_no_other(tmp_path):
+    """A run that ends while tasks are still being prepared: closing the oracle ends the reference under way
+    and every later request at once, instead of the oracle's process waiting (an hour, once) for them all."""
+    import threading
+
+    from tasks.loaders import RawTask, build_task
+
+    slow = build_task(RawTask("builtin/slow", 1, 999, "slow", SLOW_TASK, "slow.py"), 8)
+    o = Oracle(OracleConfig(device="cpu", cache_dir=tmp_path / "cache", allow_torch=True, timing=FAST))
+    preparing = threading.Thread(target=o.prepare_task, args=(slow,), daemon=True)
+    preparing.start()
+    deadline = time.monotonic() + 120
+    while o.references.process.current is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    reference = o.references.process.current
+    assert reference is not None
+    time.sleep(2)  # well into the request
+    began = time.monotonic()
+    o.close()
+    preparing.join(30)
+    assert not preparing.is_alive() and time.monotonic() - began < 30
+    assert not reference.process.is_alive() and o.references.process.current is None
+    o.prepare_task(slow)  # a task queued behind: nothing starts
+    assert o.references.process.current is None
