@@ -239,8 +239,10 @@ class ReferenceProcess:
             if self._closed:  # no process is started again once the oracle closed
                 raise ReferenceError("the reference process is closed")
             worker = self._started()
-            worker.send(op=op, args=args)
             try:
+                if self._closed:  # closed while it started, before `close` could see it: ended here
+                    raise WorkerDied("was closed")
+                worker.send(op=op, args=args)
                 for message in worker.messages():
                     if "peak" in message:  # of this request, under its kind (`peak_of`: "compare wrong" too)
                         peak, kind = MemoryPeak.from_json(message["peak"]), str(message.get("peak_of") or op)
@@ -251,9 +253,10 @@ class ReferenceProcess:
                         raise Missing(f"the reference process does not hold {message['missing']}")
                     if "error" in message:
                         raise ReferenceError(str(message["error"])[:500])
-            except (PhaseTimeout, WorkerDied) as exc:
+            except (PhaseTimeout, WorkerDied, OSError) as exc:  # OSError: its pipe closed by `close` meanwhile
                 self._stop()
-                raise ReferenceError(f"the reference process {exc}") from None
+                raise ReferenceError("the reference process is closed" if self._closed
+                                     else f"the reference process {exc}") from None
             raise ReferenceError("the reference process ended")  # pragma: no cover
 
     @property
