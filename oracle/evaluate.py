@@ -317,11 +317,11 @@ class Oracle:
         builds) starts a build's time earlier. Their device seconds count in the oracle's totals; a task whose
         own code fails is left for its candidate's check to report."""
         spent: dict[str, float] = {}
-        with self.references.pinned(task):
-            try:
+        try:
+            with self.references.pinned(task):
                 self.references.get(task, quiet or contextlib.nullcontext, spent)
-            except ReferenceError:
-                return
+        except ReferenceError:  # its own code failed, or the oracle closed meanwhile
+            return
         for phase, seconds in spent.items():
             self.device_s[phase] = self.device_s.get(phase, 0.0) + seconds
 

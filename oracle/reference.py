@@ -191,12 +191,15 @@ class ResidentBudget:
         self.used = 0
         self._pins: dict[str, list[int]] = {}  # key -> [holders, bytes]
         self._cond = threading.Condition()
+        self._closed = False
 
     @contextlib.contextmanager
     def pinned(self, key: str, nbytes: int) -> Iterator[None]:
         nbytes = min(max(0, nbytes), self.total)
         with self._cond:
             while True:
+                if self._closed:
+                    raise ReferenceError("the reference process is closed")
                 if key in self._pins:
                     self._pins[key][0] += 1
                     break
@@ -215,6 +218,12 @@ class ResidentBudget:
                     self.used -= pin[1]
                     del self._pins[key]
                     self._cond.notify_all()
+
+    def close(self) -> None:
+        """Those still waiting for room raise: a thread left waiting would keep its process from exiting."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
 
 class ReferenceProcess:
@@ -542,6 +551,7 @@ class References:
             self.process.request("close", {"session": session})
 
     def close(self) -> None:
+        self._resident.close()
         self.process.close()
 
 

@@ -98,3 +98,127 @@ def test_a_cancelled_waiter_gives_its_turn_away():
 
     assert asyncio.run(main()) == ["c1", "r1"]
 
+
+
+def _pinned(budget, key: str, nbytes: int):
+    return lambda: budget.pinned(key, nbytes)
+
+
+async def _turn(slots: DeviceSlots, room, threads, name: str, order: list[str], release: asyncio.Event,
+                waits: dict[str, dict[str, float]], first_verdict: bool = True) -> None:
+    async with slots.turn(room, threads, first_verdict) as waited:
+        order.append(name)
+        waits[name] = waited
+        await release.wait()
+
+
+async def _until(condition, timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out waiting"
+        await asyncio.sleep(0.01)
+
+
+def test_a_candidate_waiting_for_room_for_its_reference_holds_no_slot():
+    """A candidate whose task does not fit beside the references in use waits for room without a slot, so a
+    candidate of a task already in goes first (with the slot taken first, it queued behind the waiting one)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from oracle.reference import ResidentBudget
+
+    async def main() -> tuple[list[str], dict[str, dict[str, float]], ResidentBudget]:
+        budget, slots, order, waits = ResidentBudget(10), DeviceSlots(1), [], {}
+        gates = {name: asyncio.Event() for name in ("a1", "b1", "a2")}
+        with ThreadPoolExecutor(4) as threads:
+            a1 = asyncio.create_task(_turn(slots, _pinned(budget, "A", 10), threads, "a1", order, gates["a1"], waits))
+            await _until(lambda: order == ["a1"])
+            b1 = asyncio.create_task(_turn(slots, _pinned(budget, "B", 10), threads, "b1", order, gates["b1"], waits))
+            await asyncio.sleep(0.2)  # b1 now waits for room (A fills the budget)
+            a2 = asyncio.create_task(_turn(slots, _pinned(budget, "A", 10), threads, "a2", order, gates["a2"], waits))
+            await _until(lambda: slots.waiting == 1)  # a2 joined A's room and waits for the one slot
+            gates["a1"].set()
+            await _until(lambda: len(order) == 2)
+            assert order == ["a1", "a2"] and budget.used == 10
+            gates["a2"].set()
+            await _until(lambda: len(order) == 3)
+            gates["b1"].set()
+            await asyncio.gather(a1, b1, a2)
+        return order, waits, budget
+
+    order, waits, budget = asyncio.run(main())
+    assert order == ["a1", "a2", "b1"]
+    assert waits["b1"]["reference_memory"] >= 0.2  # recorded as a wait for room, not for the slot
+    assert budget.used == 0
+
+
+def test_a_turn_cancelled_while_waiting_for_room_leaves_nothing_held():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from oracle.reference import ResidentBudget
+
+    async def main() -> ResidentBudget:
+        budget, slots, order, waits = ResidentBudget(10), DeviceSlots(1), [], {}
+        release = asyncio.Event()
+        with ThreadPoolExecutor(2) as threads:
+            a1 = asyncio.create_task(_turn(slots, _pinned(budget, "A", 10), threads, "a1", order, release, waits))
+            await _until(lambda: order == ["a1"])
+            b1 = asyncio.create_task(_turn(slots, _pinned(budget, "B", 10), threads, "b1", order, release, waits))
+            await asyncio.sleep(0.2)
+            b1.cancel()
+            release.set()
+            await a1
+            await _until(lambda: budget.used == 0)  # B got its room once A left, and gave it back at once
+            assert order == ["a1"] and slots.free == 1
+        return budget
+
+    assert asyncio.run(main()).used == 0
+
+
+def test_a_retiming_takes_its_slot_without_room():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from oracle.reference import ResidentBudget
+
+    async def main() -> None:
+        budget, slots, order, waits = ResidentBudget(10), DeviceSlots(1), [], {}
+        release = asyncio.Event()
+        with budget.pinned("A", 10), ThreadPoolExecutor(1) as threads:  # the budget full
+            retime = asyncio.create_task(_turn(slots, _pinned(budget, "B", 10), threads, "r1", order, release, waits,
+                                               first_verdict=False))
+            await _until(lambda: order == ["r1"])
+            assert budget.used == 10 and waits["r1"]["reference_memory"] == 0.0
+            release.set()
+            await retime
+
+    asyncio.run(main())
+
+
+def test_closing_the_budget_ends_the_waits_for_room():
+    """A thread waiting for room when the oracle closes raises instead of waiting on: it would keep the
+    oracle's process from exiting."""
+    import threading
+
+    import pytest
+
+    from oracle.reference import ReferenceError, ResidentBudget
+
+    budget, failures = ResidentBudget(10), []
+
+    def wait_for_room() -> None:
+        try:
+            with budget.pinned("B", 10):
+                pass
+        except ReferenceError as exc:
+            failures.append(str(exc))
+
+    with budget.pinned("A", 10):
+        waiter = threading.Thread(target=wait_for_room)
+        waiter.start()
+        waiter.join(0.2)
+        assert waiter.is_alive()
+        budget.close()
+        waiter.join(30)
+        assert not waiter.is_alive() and failures == ["the reference process is closed"]
+    with pytest.raises(ReferenceError):
+        with budget.pinned("C", 1):
+            pass
