@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
-import functools
 import os
 import signal
 import time
@@ -51,10 +50,6 @@ class OracleActor:
         # threads of their own: waiting for the reference process or the device, they would otherwise take
         # the default executor's threads from the builds and checks
         self._prepare_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="prepare")
-        # one for each candidate the search may have here at once, waiting for its task's room among the
-        # kept references (`DeviceSlots.turn`): a candidate of a task already in never queues for a thread
-        self._room_threads = ThreadPoolExecutor(max_workers=build_slots + config.device_slots,
-                                                thread_name_prefix="room")
         self.build_s = 0.0
         self.started = time.time()
         self.first_evaluate_at: float | None = None  # when the first candidate came (`stats`)
@@ -124,15 +119,15 @@ class OracleActor:
         verdict comes back without its torch.compile speedup (see `with_compile_baseline`), except a re-timing's,
         and with the seconds it waited for its slots (`Verdict.queued_s`)."""
         quiet = self._quiet(asyncio.get_running_loop())
-        room = functools.partial(self.oracle.references.pinned, task)  # `check_and_time` then joins the pin
-        async with self.device_slots.turn(room, self._room_threads, first_verdict=not fresh_baseline) as waits:
+        asked = time.perf_counter()
+        async with self.device_slots.held(first_verdict=not fresh_baseline):
+            waited = round(time.perf_counter() - asked, 4)
             self.busy["timing"] += 1
             try:
                 verdict = await asyncio.to_thread(self.oracle.check_and_time, task, candidate, build, quiet, fresh_baseline)
             finally:
                 self.busy["timing"] -= 1
-        memory = waits["reference_memory"] + verdict.queued_s.get("reference_memory", 0.0)
-        verdict.queued_s = {**(queued or {}), **waits, **verdict.queued_s, "reference_memory": round(memory, 4)}
+        verdict.queued_s = {**(queued or {}), "device": waited, **verdict.queued_s}
         if fresh_baseline:
             verdict = await self._with_compile(task, verdict)
         return verdict.to_json()
@@ -182,7 +177,6 @@ class OracleActor:
         (Ray ends an actor by killing its process, which would leave the folders behind). Tasks still queued
         for preparation are dropped: the process would otherwise wait for them all as it exits."""
         self._prepare_threads.shutdown(wait=False, cancel_futures=True)
-        self._room_threads.shutdown(wait=False, cancel_futures=True)
         self.oracle.close()
 
     def stats(self) -> dict[str, Any]:

@@ -7,11 +7,6 @@ device or still being built: on an H200 run the re-timings of the tasks that end
 their tasks' room among the kept references) while later candidates queued behind them, and one started in
 the seconds a candidate's build had left held the device alone (its eager baseline, then its own timing)
 when that candidate came. Among candidates, and among re-timings, first come first served.
-
-A candidate takes its slot only once its task has room among the references the reference process keeps
-(`turn`): a slot held while waiting for that room is a slot no other candidate can use. On an H100 run,
-candidates held slots a total of 243 s waiting for room beside another large task's reference, while
-candidates of tasks already resident queued 17-18 s behind them for a slot and the device idled.
 """
 
 from __future__ import annotations
@@ -19,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import time
-from concurrent.futures import Executor
-from typing import AsyncIterator, Callable, ContextManager
+from typing import AsyncIterator
 
 
 class DeviceSlots:
@@ -74,42 +67,3 @@ class DeviceSlots:
             async with self._changed:
                 self.free += 1
                 self._changed.notify_all()
-
-    @contextlib.asynccontextmanager
-    async def turn(self, room: Callable[[], ContextManager] | None, threads: Executor,
-                   first_verdict: bool = True) -> AsyncIterator[dict[str, float]]:
-        """A candidate's turn on the device: first room for its task's reference (`room()`, a blocking
-        context manager, entered in one of `threads`), then a slot. Yields the seconds it waited for each
-        (`reference_memory`, `device`). A re-timing takes its slot first and no room here: holding room
-        while it waits for every candidate to leave the oracle, it would keep out the very candidates it
-        waits for."""
-        waits = {"reference_memory": 0.0}
-        asked = time.perf_counter()
-        holding = room is not None and first_verdict
-        async with (entered_in_thread(room(), threads) if holding else contextlib.nullcontext()):
-            if holding:
-                waits["reference_memory"] = round(time.perf_counter() - asked, 4)
-            asked = time.perf_counter()
-            async with self.held(first_verdict):
-                waits["device"] = round(time.perf_counter() - asked, 4)
-                yield waits
-
-
-@contextlib.asynccontextmanager
-async def entered_in_thread(manager: ContextManager, threads: Executor) -> AsyncIterator[None]:
-    """Hold a blocking context manager (whose exit is quick) from the event loop: entered in a thread, so
-    that the wait holds no event loop. Cancelled while it waits, it is left as soon as it is entered."""
-    loop = asyncio.get_running_loop()
-    entering = loop.run_in_executor(threads, manager.__enter__)
-    try:
-        await asyncio.shield(entering)
-    except asyncio.CancelledError:
-        def leave(done: asyncio.Future) -> None:
-            if not done.cancelled() and done.exception() is None:
-                manager.__exit__(None, None, None)
-        entering.add_done_callback(leave)
-        raise
-    try:
-        yield
-    finally:
-        manager.__exit__(None, None, None)

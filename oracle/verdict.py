@@ -70,7 +70,7 @@ class Verdict:
     # was the first of its task), baselines (eager timed), checks, timing.
     device_s: dict[str, float] = field(default_factory=dict)
     # Seconds it waited in the oracle, working on nothing: for a build slot (`build`), for a device slot once
-    # built (`device`), for room beside other tasks' references (`reference_memory`, before its device slot), for
+    # built (`device`), for room beside other tasks' references (`reference_memory`, in its device slot), for
     # its task's reference while another thread made it (`reference`).
     queued_s: dict[str, float] = field(default_factory=dict)
     tolerance: str = "kernelbench"  # the tolerance policy the status follows (oracle.tolerance)

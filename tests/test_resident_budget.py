@@ -6,12 +6,13 @@ from __future__ import annotations
 import multiprocessing
 import threading
 
+import pytest
 import torch
 
 from oracle import Oracle, OracleConfig
 from oracle.device_quiet import MeasuredPeaks
 from oracle.protocol import Case, PrepareTask
-from oracle.reference import ResidentBudget
+from oracle.reference import ReferenceError, ResidentBudget
 from oracle.reference_server import ReferenceState, TaskReference
 from tasks import Selection, load_tasks
 
@@ -53,6 +54,34 @@ def test_candidates_of_one_task_share_its_pin_and_small_tasks_fit_beside():
     assert budget.used == 100
     for h in holders:
         h.done()
+    assert budget.used == 0
+
+
+def test_closing_ends_the_waits_for_room_and_later_pins_fail():
+    """A thread waiting for room when the oracle closes raises instead of waiting on: a thread left waiting
+    would keep the oracle's process from exiting (as threads left preparing did, for an hour)."""
+    budget, failures = ResidentBudget(100), []
+
+    def wait_for_room() -> None:
+        try:
+            with budget.pinned("b", 70):
+                pass
+        except ReferenceError as exc:
+            failures.append(str(exc))
+
+    a = Holder(budget, "a", 70)
+    assert a.entered.wait(10)
+    waiter = threading.Thread(target=wait_for_room, daemon=True)
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive()  # 70 + 70 > 100: it waits
+    budget.close()
+    waiter.join(30)
+    assert not waiter.is_alive() and failures == ["the reference process is closed"]
+    with pytest.raises(ReferenceError):
+        with budget.pinned("c", 1):
+            pass
+    a.done()
     assert budget.used == 0
 
 
