@@ -19,6 +19,7 @@ from oracle.protocol import Checked, ErrorFigures
 from oracle.timing import WALL_RATIO, drained_at_once, wall_disagrees
 from oracle.tolerance import DEFAULT_POLICY, POLICIES, Float64Scale
 from oracle.verdict import WORKER_STATUSES  # the only statuses a worker may report itself
+from oracle.verdict import ratio_text
 
 # Operators that move or shape data but compute nothing: calling them is not a fallback (docs/oracle.md,
 # "Own kernel").
@@ -221,7 +222,7 @@ def with_compile_baseline(fields: dict[str, Any], compile_timing: dict[str, Any]
 def correct_message(time_ms: float, eager_ms: float | None, compile_ms: float | None) -> str:
     speed = f"{time_ms:.4g} ms"
     if eager_ms and time_ms > 0:
-        speed += f", {eager_ms / time_ms:.2f}x eager PyTorch ({eager_ms:.4g} ms)"
+        speed += f", {ratio_text(eager_ms / time_ms)}x eager PyTorch ({eager_ms:.4g} ms)"
     if compile_ms and time_ms > 0:
-        speed += f", {compile_ms / time_ms:.2f}x torch.compile ({compile_ms:.4g} ms)"
+        speed += f", {ratio_text(compile_ms / time_ms)}x torch.compile ({compile_ms:.4g} ms)"
     return f"correct; {speed}"

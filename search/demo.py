@@ -78,6 +78,8 @@ def _headline(message: str) -> str:
 
 
 def outcome_table(outcomes: list[dict[str, Any]]) -> Table:
+    from oracle.verdict import ratio_text
+
     table = Table(title="what each recorded completion was written to show, and the oracle's verdict",
                   title_justify="left", caption="verdict in red: not the one the completion was written to get",
                   caption_justify="left")
@@ -90,7 +92,7 @@ def outcome_table(outcomes: list[dict[str, Any]]) -> Table:
             ok = (o["speedup_vs_eager"] or 0) < 1.0
         verdict = f"[green]{o['status']}[/]" if ok else f"[bold red]{o['status']}[/]"
         table.add_row(escape(o["task"]), VARIANT_TEXT.get(o["variant"], "?"), verdict,
-                      f"{o['speedup_vs_eager']:.2f}" if o["status"] == "correct" and o["speedup_vs_eager"] else "-",
+                      ratio_text(o['speedup_vs_eager']) if o["status"] == "correct" and o["speedup_vs_eager"] else "-",
                       escape(_headline(o["message"] or "")))
     return table
 

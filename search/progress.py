@@ -26,7 +26,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from oracle.verdict import SAMPLE_STATUSES, SHORT_NAMES, STYLES
+from oracle.verdict import SAMPLE_STATUSES, SHORT_NAMES, STYLES, ratio_text
 from search.stats import RunStats, TaskStats, curve, fast_p_at_k, level_of, powers_of_two
 from search.store import SampleRecord
 from search.terminal import add_id_column
@@ -46,7 +46,7 @@ def fmt_duration(seconds: float | None) -> str:
 
 
 def _x(v: float | None) -> str:
-    return f"{v:.2f}x" if v else "-"
+    return f"{ratio_text(v)}x" if v else "-"
 
 
 class RunProgress:
@@ -133,7 +133,7 @@ class RunProgress:
         if first_correct:
             t = self.stats[record.task]
             self._plain(f"  first correct kernel for {record.task} at sample #{t.first_correct_sample_from_1}"
-                        + (f" ({record.speedup_vs_eager:.2f}x eager)" if record.speedup_vs_eager else ""))
+                        + (f" ({ratio_text(record.speedup_vs_eager)}x eager)" if record.speedup_vs_eager else ""))
         if (self.done - self.resumed) % self.every == 0 or self.done >= self.planned:
             self._plain(self.pass_line())
             self._last_pass_at = self.done
@@ -266,7 +266,7 @@ class RunProgress:
         return f"{rate:.1f} samples/min" if rate else "- samples/min"
 
     def _sample_line(self, record: SampleRecord) -> str:
-        speed = f" {record.speedup_vs_eager:.2f}x eager" if record.speedup_vs_eager and record.correct else ""
+        speed = f" {ratio_text(record.speedup_vs_eager)}x eager" if record.speedup_vs_eager and record.correct else ""
         dup = f" (repeats sample #{record.duplicate_of + 1})" if record.duplicate_of is not None else ""
         return f"[{self.done}/{self.planned}] {record.task} sample #{record.sample_index + 1}: {record.status}{speed}{dup}"
 

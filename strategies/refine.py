@@ -8,6 +8,7 @@ controller ends a chain once it is correct and fast enough, or out of rounds.
 
 from __future__ import annotations
 
+from oracle.verdict import ratio_text
 from strategies.base import Attempt, Strategy
 from strategies.prompts import task_block
 from strategies.zero_shot import ZeroShot
@@ -46,7 +47,7 @@ def feedback(attempt: Attempt, extra: str = "") -> str:
         message = message[:MAX_MESSAGE_CHARS] + " ... (cut)"
     speed = ""
     if attempt.status == "correct" and attempt.speedup_vs_eager is not None:
-        speed = f"\nSpeed: {attempt.speedup_vs_eager:.2f}x eager PyTorch."
+        speed = f"\nSpeed: {ratio_text(attempt.speedup_vs_eager)}x eager PyTorch."
     advice = ADVICE.get(attempt.status, "Fix it.")
     extra = f"\n\n{extra.strip()}" if extra.strip() else ""
     return (f"The oracle compiled, checked and timed your last answer (round {attempt.round}).\n"

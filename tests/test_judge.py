@@ -348,3 +348,10 @@ def test_a_profiled_call_that_recorded_no_kernel_is_profiled_again(monkeypatch):
         sessions.clear()
         profiled = harness._profile_call_timed(lambda x: x.relu(), [torch.ones(2)], "cuda")
         assert profiled.kernels == [] and len(sessions) == harness.PROFILE_TRIES and profiled.blind is blind
+
+
+def test_a_kernel_thousands_of_times_slower_than_eager_is_not_called_zero_times_as_fast():
+    """Two decimals would print 0.00x for the demo's slow kernels (86 ms against eager's 0.025 ms)."""
+    message = judge.correct_message(86.14, 0.02525, 0.0212)
+    assert "0.00029x eager PyTorch (0.02525 ms)" in message and "0.00025x torch.compile" in message
+    assert "1.29x eager" in judge.correct_message(0.01952, 0.02525, None)
