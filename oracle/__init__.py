@@ -1,7 +1,22 @@
-"""The oracle: build, verify and time candidate kernels in isolated workers, and give verdicts."""
+"""The oracle: build, verify and time candidate kernels in isolated workers, and give verdicts.
 
-from oracle.candidate import Candidate
-from oracle.evaluate import BuildOutcome, Oracle, OracleConfig
-from oracle.verdict import STATUSES, Verdict
+Its names are imported on first use: `oracle.paths` and the other light modules stay importable before
+torch is (the command line sets up bytecode before it imports torch: `search.bytecode`).
+"""
 
-__all__ = ["BuildOutcome", "Candidate", "Oracle", "OracleConfig", "STATUSES", "Verdict"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {"Candidate": "oracle.candidate", "BuildOutcome": "oracle.evaluate", "Oracle": "oracle.evaluate",
+          "OracleConfig": "oracle.evaluate", "STATUSES": "oracle.verdict", "Verdict": "oracle.verdict"}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'oracle' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

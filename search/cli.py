@@ -20,8 +20,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from search import options as opt
-from search.devices import resolve_device as _resolve_device
+from oracle.paths import DEFAULT_CACHE
+from search.bytecode import keep_bytecode
+
+keep_bytecode(DEFAULT_CACHE)  # before torch and Ray are imported, here and in every process a run starts
+
+from search import options as opt  # noqa: E402 - these import torch
+from search.devices import resolve_device as _resolve_device  # noqa: E402
 from search.terminal import add_id_column, make_console
 from search.words import plural
 from tasks import LoadResult, Selected, Selection, SelectionError, SourceError, fit_selected, read_selected
