@@ -60,9 +60,12 @@ class OracleConfig:
     import_timeout_s: float = 300.0
     call_timeout_s: float = 60.0
     # On a GPU, a call's device work after its forward returned (its launches are asynchronous), at least;
-    # 1000 times eager's call when that is longer. A kernel that never ends holds the device for this
-    # long, not for the call's minute (JIT compiles and first-call set-up happen inside forward).
+    # `gpu_work_eager_factor` times eager's call when that is longer. A kernel that never ends holds the
+    # device for this long, not for the call's minute (JIT compiles and first-call set-up happen inside
+    # forward), and every other check and timing waits behind it: at 1000 times, a hang on a level-2 task
+    # whose eager call takes 24 ms held the whole device for 24 s.
     gpu_work_timeout_s: float = 10.0
+    gpu_work_eager_factor: float = 100.0
     time_timeout_s: float = 300.0
     compile_timeout_s: float = 600.0
     compile_workers: int | None = None  # torch.compile baselines made at once (default: a quarter of the cores, 1-4)
@@ -111,10 +114,10 @@ class OracleConfig:
 
 
 def gpu_work_limit_s(config: OracleConfig, eager: dict[str, Any] | None) -> float:
-    """A call's GPU work after its forward returned: `gpu_work_timeout_s`, or 1000 times eager's call
-    (eager's milliseconds read as seconds) when that is longer; never past the whole call's limit."""
-    eager_ms = (eager or {}).get("median_ms") or 0.0
-    return min(config.call_timeout_s, max(config.gpu_work_timeout_s, eager_ms))
+    """A call's GPU work after its forward returned: `gpu_work_timeout_s`, or `gpu_work_eager_factor` times
+    eager's call when that is longer; never past the whole call's limit."""
+    eager_s = ((eager or {}).get("median_ms") or 0.0) / 1000.0
+    return min(config.call_timeout_s, max(config.gpu_work_timeout_s, config.gpu_work_eager_factor * eager_s))
 
 
 def gpu_arch() -> str | None:
