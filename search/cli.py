@@ -25,8 +25,8 @@ from search.bytecode import keep_bytecode
 
 keep_bytecode(DEFAULT_CACHE)  # before torch and Ray are imported, here and in every process a run starts
 
-from search import options as opt  # noqa: E402 - these import torch
-from search.devices import resolve_device as _resolve_device  # noqa: E402
+from search import options as opt  # this and what follows import torch
+from search.devices import resolve_device as _resolve_device
 from search.terminal import add_id_column, make_console
 from search.words import plural
 from tasks import LoadResult, Selected, Selection, SelectionError, SourceError, fit_selected, read_selected
