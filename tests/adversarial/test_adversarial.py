@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -26,8 +25,6 @@ CASES = sorted(HERE.glob("adv_*.py"))
 TASK_ID = "builtin/1_LeakyReLU_Scale"
 SECRET = "KS_ADV_SECRET_TOKEN"
 ORPHAN_FILE = "/tmp/ks-adv-orphan.pids"  # where adv_orphan_child.py writes its children's pids
-# This session's own file in its place: two test runs on one machine must not read each other's children.
-ORPHAN_PIDS = Path(tempfile.mkdtemp(prefix="ks-adv-orphan-")) / "pids"
 pytestmark = pytest.mark.slow
 
 
@@ -91,12 +88,17 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+@pytest.fixture(scope="module")
+def orphan_pids(tmp_path_factory) -> Path:
+    """This test run's own file in place of ORPHAN_FILE: two test runs on one machine must not read each
+    other's children (a folder of pytest's, removed with its others)."""
+    return tmp_path_factory.mktemp("ks-adv-orphan") / "pids"
+
+
 @pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem.removeprefix("adv_"))
-def test_cheat_is_caught(oracle, task, honest, path):
+def test_cheat_is_caught(oracle, task, honest, path, orphan_pids):
     allowed = expected(path)
-    if path.stem == "adv_orphan_child":
-        ORPHAN_PIDS.unlink(missing_ok=True)
-    v = oracle.evaluate(task, path.read_text().replace(ORPHAN_FILE, str(ORPHAN_PIDS)))
+    v = oracle.evaluate(task, path.read_text().replace(ORPHAN_FILE, str(orphan_pids)))
     assert v.status in allowed, f"{path.name}: got {v.status}: {v.message}"
     if v.status == "correct":  # allowed only where the cheat is harmless: then the speed must be honest
         # (cheats that beat the clock gain 10x-1000x; a shared 2-core machine varies by ~3x between runs)
@@ -106,9 +108,8 @@ def test_cheat_is_caught(oracle, task, honest, path):
         assert v.time_ms >= 0.2 * honest_ms, f"{path.name}: inflated speed {v.time_ms} ms vs honest {honest_ms} ms"
         assert v.sol_ms and v.time_ms >= v.sol_ms
     if path.stem == "adv_orphan_child":
-        pids = [int(p) for p in ORPHAN_PIDS.read_text().split()]
+        pids = [int(p) for p in orphan_pids.read_text().split()]
         assert pids and not [p for p in pids if _alive(p)], "a child the candidate started outlived its worker"
-        ORPHAN_PIDS.unlink(missing_ok=True)
 
 
 def test_oracle_still_judges_a_correct_candidate(oracle, task, honest):
