@@ -5,8 +5,8 @@ generator actors, the workers' fork server, the reference process. Where torch w
 bytecode (`uv` and `pip --no-compile` installs, common in container images) and none is written beside it
 (its folder is read-only, or `PYTHONDONTWRITEBYTECODE` is set, as container images often do), every one of
 those processes compiles torch from source again: about 4.5 s of CPU each for torch and its dynamo, most
-of it on the path to the first build (on an H100 host, the run's cores were all busy 10 s sooner with
-bytecode). Python can keep bytecode in a folder of its own (`sys.pycache_prefix`, and
+of it on the path to the first build (with bytecode, an H100 host's cores were all busy 10 s sooner in a
+throughput run, and the demo on a 2-core CPU took 57 s instead of 72: benchmarks/RESULTS.md). Python can keep bytecode in a folder of its own (`sys.pycache_prefix`, and
 `PYTHONPYCACHEPREFIX` for the processes started after it); this turns that on, under the run's cache
 folder, for exactly that case. Nothing is ever written beside the sources. An install with bytecode, or
 one whose folder Python writes bytecode to anyway, is left as it is (with a prefix set Python reads no
