@@ -1,4 +1,4 @@
-"""Bytecode for an install that has none: torch and Ray compiled once per machine, not once per process.
+"""Bytecode for an install that has none: torch and Ray compiled once per cache, not once per process.
 
 A run starts several Python processes that import torch and Ray: the command itself, the oracle and
 generator actors, the workers' fork server, the reference process. Where torch was installed without
@@ -8,10 +8,10 @@ those processes compiles torch from source again: about 4.5 s of CPU each for to
 of it on the path to the first build (with bytecode, an H100 host's cores were all busy 10 s sooner in a
 throughput run, and the demo on a 2-core CPU took 57 s instead of 72: benchmarks/RESULTS.md). Python
 can keep bytecode in a folder of its own (`sys.pycache_prefix`, and `PYTHONPYCACHEPREFIX` for the
-processes started after it); this turns that on, under the run's cache folder, for exactly that case. Nothing is ever written beside the sources. An install with bytecode, or
-one whose folder Python writes bytecode to anyway, is left as it is (with a prefix set Python reads no
-bytecode from beside the sources, so turning it on there would cost a compile), as is a prefix the user
-chose.
+processes started after it); this turns that on, under the run's cache folder, for exactly that case.
+Nothing is ever written beside the sources. An install with bytecode, or one whose folder Python writes
+bytecode to anyway, is left as it is (with a prefix set Python reads no bytecode from beside the sources,
+so turning it on there would cost a compile), as is a prefix the user chose.
 """
 
 from __future__ import annotations
