@@ -34,7 +34,7 @@ from oracle.cores import plan_cores
 from oracle.device_quiet import MeasuredPeaks, MemoryBudget, QuietDevice
 from oracle.extract import candidate_from_completion
 from oracle.pch import HEADER as FULL_PCH, LITE_BINDING, default_root
-from oracle.protocol import CandidateJob, Checked, ErrorFigures, OutputsReady
+from oracle.protocol import CandidateJob, Checked, ErrorFigures, OutputsReady, Prepared
 from oracle.reference import Reference, ReferenceError, References, ReferenceSettings
 from oracle.sandbox import PhaseTimeout, Worker, WorkerDied, start_fork_server
 from oracle.standby import StandbyWorkers
@@ -369,6 +369,21 @@ def not_measured(timeout_s: float) -> dict[str, str]:
     return {"compile_error": f"not measured within {timeout_s:.0f} s"}
 
 
+def candidate_worker_bytes(prepared: Prepared, timing_sets: int) -> int:
+    """Device bytes a candidate's worker may hold at once. Its model's parameters twice: the reference's
+    copied into the candidate's, then the candidate's and the snapshot that catches a forward changing
+    them. While checked, the inputs, their snapshot and the outputs; while timed, every timing input set,
+    the outputs it keeps to catch reuse (one more than the sets), the sampled ones (one a set for the timed
+    calls, one for the clocked block) and the call's own. Where the reference process measured the call
+    (`Prepared.working_bytes`, on a GPU), its intermediates too: the first worker of `level2/59` (a 4.3 GB
+    weight) held 23.7 GB on an H100 against 304 MB promised from inputs and outputs alone."""
+    p = prepared
+    own = 2 * p.param_bytes + max(p.working_bytes - p.input_bytes - p.output_bytes, 0)
+    checks = 3 * p.input_bytes + 3 * p.output_bytes
+    timing = timing_sets * p.input_bytes + (3 * timing_sets + 3) * p.output_bytes
+    return own + max(checks, timing)
+
+
 class _CandidateRun:
     """One candidate's worker, driven through its checks and its timing; its outputs go to the trusted
     reference process, which compares them with the task's reference."""
@@ -438,13 +453,9 @@ class _CandidateRun:
                                  verify_s=time.perf_counter() - t0)
 
     def _memory_estimate(self) -> int:
-        """Device bytes a worker may hold at once: inputs, their snapshot and outputs while checked; while
-        timed, every timing input set, the outputs it keeps to catch reuse (one more than the sets), the
-        sampled ones (one a set for the timed calls, one for the clocked block) and the call's own. Where
-        a worker of the task was measured to hold more (its kernel's own buffers, the allocator's rounding),
-        that."""
-        p, sets = self.reference.prepared, len(self.reference.timing_seeds)
-        formula = max(3 * p.input_bytes + 3 * p.output_bytes, sets * p.input_bytes + (3 * sets + 3) * p.output_bytes)
+        """Device bytes the worker is promised (`candidate_worker_bytes`), or what a worker of the task was
+        measured to hold where that is more (its kernel's own buffers, the allocator's rounding)."""
+        formula = candidate_worker_bytes(self.reference.prepared, len(self.reference.timing_seeds))
         return self.oracle.worker_peaks.promise(self.reference.key, formula)
 
     def _checked_and_timed(self, job: CandidateJob, env, device_s: dict[str, float], t0: float,

@@ -313,6 +313,24 @@ def test_a_compile_worker_is_promised_the_call_the_reference_process_measured():
     assert timing == (4096 + 2 * 100 + 800 + 2 * 100) * mb + OVERHEAD
 
 
+def test_a_candidate_worker_is_promised_its_weights_and_the_measured_intermediates():
+    """A candidate's worker holds its model's parameters twice (the candidate's and their snapshot) and,
+    where the reference process measured the call, its intermediates: a task with a 4 GB weight is promised
+    more than its inputs and outputs. Without a measure (a CPU), the inputs and outputs alone."""
+    from oracle.evaluate import candidate_worker_bytes
+    from oracle.protocol import Prepared
+
+    mb = 1 << 20
+    plain = Prepared(ops=[], kernels=[], floor=None, constant=False, output_bytes=10 * mb, input_bytes=100 * mb,
+                     reference_s=0.0)
+    # checks: 3 x (inputs + outputs) = 330 MB; timing with 2 sets: 2 x 100 + 9 x 10 = 290 MB
+    assert candidate_worker_bytes(plain, 2) == 330 * mb
+    # 8 sets: 800 + 27 x 10 = 1070 MB, more than the checks
+    assert candidate_worker_bytes(plain, 8) == 1070 * mb
+    gemm = Prepared(**{**plain.to_json(), "param_bytes": 4096 * mb, "working_bytes": 600 * mb})
+    assert candidate_worker_bytes(gemm, 2) == 2 * 4096 * mb + (600 - 110) * mb + 330 * mb
+
+
 @pytest.mark.slow
 def test_a_compile_baseline_is_promised_memory_to_compile_then_to_be_timed(tmp_path, task):
     """The torch.compile worker starts inside its compile's memory promise, and its timing sets' room is
