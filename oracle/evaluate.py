@@ -376,7 +376,8 @@ def candidate_worker_bytes(prepared: Prepared, timing_sets: int) -> int:
     the outputs it keeps to catch reuse (one more than the sets), the sampled ones (one a set for the timed
     calls, one for the clocked block) and the call's own. Where the reference process measured the call
     (`Prepared.working_bytes`, on a GPU), its intermediates too: the first worker of `level2/59` (a 4.3 GB
-    weight) held 23.7 GB on an H100 against 304 MB promised from inputs and outputs alone."""
+    weight) held 23.7 GB on an H100 against 304 MB promised from inputs and outputs alone (this promises
+    about 8.6 GB; what it still misses, `MeasuredPeaks` adds for the task's later workers)."""
     p = prepared
     own = 2 * p.param_bytes + max(p.working_bytes - p.input_bytes - p.output_bytes, 0)
     checks = 3 * p.input_bytes + 3 * p.output_bytes
